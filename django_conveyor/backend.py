@@ -1,0 +1,139 @@
+"""`ConveyorBackend`: the django.tasks backend over `conveyor_job`.
+
+Enqueue runs on the caller's database connection, so it commits or rolls
+back with the caller's transaction; its NOTIFY is delivered only on commit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from django.apps import apps
+from django.core import checks
+from django.db import connections
+
+from . import protocol
+from .compat import (
+    BaseTaskBackend,
+    InvalidTask,
+    TaskResultDoesNotExist,
+    TaskResultStatus,
+    task_enqueued,
+)
+from .conf import conveyor_settings
+from .results import ConveyorTaskResult, result_from_job
+from .serialization import json_round_trip
+from .tasks import ConveyorTask
+
+MAX_IDEMPOTENCY_KEY_LENGTH = 255
+
+
+class ConveyorBackend(BaseTaskBackend):
+    task_class = ConveyorTask
+    supports_defer = True
+    supports_async_task = True
+    supports_get_result = True
+    supports_priority = True
+
+    @property
+    def database(self) -> str:
+        return self.options.get("DATABASE") or conveyor_settings().DATABASE
+
+    def validate_task(self, task: Any) -> None:
+        super().validate_task(task)
+        max_attempts = getattr(task, "max_attempts", None)
+        if max_attempts is not None and (
+            isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1
+        ):
+            raise InvalidTask(f"max_attempts must be a whole number of 1 or more, not {max_attempts!r}.")
+        for name in ("timeout", "backoff_base", "backoff_cap"):
+            value = getattr(task, name, None)
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int | float) or value <= 0
+            ):
+                raise InvalidTask(f"{name} must be a positive number of seconds, not {value!r}.")
+        key = getattr(task, "idempotency_key", None)
+        if key is not None and (
+            not isinstance(key, str) or not key or len(key) > MAX_IDEMPOTENCY_KEY_LENGTH
+        ):
+            raise InvalidTask(
+                f"idempotency_key must be a non-empty string of at most "
+                f"{MAX_IDEMPOTENCY_KEY_LENGTH} characters, not {key!r:.80}."
+            )
+
+    def _new_job(self, task: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> protocol.NewJob:
+        return protocol.NewJob(
+            task_path=task.module_path,
+            args=json_round_trip(list(args), f"{task.name}() args"),
+            kwargs=json_round_trip(dict(kwargs), f"{task.name}() kwargs"),
+            queue=task.queue_name,
+            backend=self.alias,
+            priority=task.priority,
+            max_attempts=getattr(task, "max_attempts", None) or conveyor_settings().MAX_ATTEMPTS,
+            run_after=task.run_after,
+            idempotency_key=getattr(task, "idempotency_key", None),
+        )
+
+    def enqueue(self, task: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> ConveyorTaskResult:
+        self.validate_task(task)
+        return self._insert(task, [self._new_job(task, args, kwargs)])[0]
+
+    def enqueue_many(
+        self, task: Any, calls: Iterable[tuple[Sequence[Any], dict[str, Any]]]
+    ) -> list[ConveyorTaskResult]:
+        """Enqueue many calls of one task with a single INSERT."""
+        self.validate_task(task)
+        if getattr(task, "idempotency_key", None):
+            raise InvalidTask(
+                "enqueue_many() cannot share one idempotency_key across calls; "
+                "enqueue keyed jobs one at a time."
+            )
+        jobs = [self._new_job(task, args, kwargs) for args, kwargs in calls]
+        return self._insert(task, jobs) if jobs else []
+
+    def _insert(self, task: Any, jobs: list[protocol.NewJob]) -> list[ConveyorTaskResult]:
+        with connections[self.database].cursor() as cursor:
+            enqueued = protocol.enqueue(cursor, jobs, notify=conveyor_settings().NOTIFY)
+        results = []
+        for job, row in zip(jobs, enqueued, strict=True):
+            result = ConveyorTaskResult(
+                task=task,
+                id=str(row.id),
+                status=TaskResultStatus.READY,
+                enqueued_at=row.enqueued_at,
+                started_at=None,
+                finished_at=None,
+                last_attempted_at=None,
+                args=job.args,
+                kwargs=job.kwargs,
+                backend=self.alias,
+                errors=[],
+                worker_ids=[],
+                created=row.created,
+            )
+            if row.created:
+                task_enqueued.send(type(self), task_result=result)
+            else:
+                result = self.get_result(result.id)
+                object.__setattr__(result, "created", False)
+            results.append(result)
+        return results
+
+    def get_result(self, result_id: str) -> ConveyorTaskResult:
+        from .models import Job
+
+        try:
+            job = Job.objects.using(self.database).get(pk=int(result_id))
+        except (ValueError, TypeError, Job.DoesNotExist) as exc:
+            raise TaskResultDoesNotExist(f"No job has the id {result_id!r}.") from exc
+        return result_from_job(job)
+
+    def check(self, **kwargs: Any) -> Iterable[checks.CheckMessage]:
+        if not apps.is_installed("django_conveyor"):
+            yield checks.Error(
+                f"Task backend {self.alias!r} uses ConveyorBackend, but django_conveyor "
+                "is not in INSTALLED_APPS.",
+                hint='Add "django_conveyor" to INSTALLED_APPS and run migrate.',
+                id="conveyor.E010",
+            )

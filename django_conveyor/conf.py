@@ -1,0 +1,82 @@
+"""The one place that reads `settings.CONVEYOR`.
+
+Every key has a documented default below; `checks.py` validates the dict at
+start-up so a bad value fails with a message naming the key, and
+`setting_changed` clears the cache so tests can override it.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, fields
+from typing import Any
+
+from django.conf import settings as django_settings
+from django.core.signals import setting_changed
+from django.dispatch import receiver
+
+DEFAULT_DATABASE = "default"
+DEFAULT_LEASE_SECONDS = 30.0
+DEFAULT_HEARTBEAT_SECONDS = 10.0
+DEFAULT_POLL_SECONDS = 1.0
+DEFAULT_REAP_SECONDS = 5.0
+DEFAULT_SHUTDOWN_TIMEOUT_SECONDS = 30.0
+DEFAULT_MAX_ATTEMPTS = 5
+DEFAULT_BACKOFF_BASE_SECONDS = 1.0
+DEFAULT_BACKOFF_CAP_SECONDS = 600.0
+DEFAULT_PREFETCH = 0  # 0: as many as the worker has slots
+DEFAULT_RETENTION_SECONDS = 7 * 24 * 3600.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ConveyorSettings:
+    DATABASE: str = DEFAULT_DATABASE  # Django alias holding conveyor_job.
+    LEASE_SECONDS: float = DEFAULT_LEASE_SECONDS  # Lease granted by a claim or heartbeat.
+    HEARTBEAT_SECONDS: float = DEFAULT_HEARTBEAT_SECONDS  # How often leases are renewed.
+    POLL_SECONDS: float = DEFAULT_POLL_SECONDS  # Idle poll: the safety net under NOTIFY.
+    REAP_SECONDS: float = DEFAULT_REAP_SECONDS  # How often a worker reaps expired leases.
+    SHUTDOWN_TIMEOUT_SECONDS: float = DEFAULT_SHUTDOWN_TIMEOUT_SECONDS  # Grace on SIGTERM.
+    MAX_ATTEMPTS: int = DEFAULT_MAX_ATTEMPTS  # Attempts before a job is dead.
+    BACKOFF_BASE_SECONDS: float = DEFAULT_BACKOFF_BASE_SECONDS  # First retry's ceiling.
+    BACKOFF_CAP_SECONDS: float = DEFAULT_BACKOFF_CAP_SECONDS  # No retry waits longer.
+    PREFETCH: int = DEFAULT_PREFETCH  # Claimed-ahead jobs beyond the busy slots.
+    NOTIFY: bool = True  # Send NOTIFY inside the enqueue transaction.
+    LISTEN: bool = True  # False: poll only (for poolers that break LISTEN).
+    LISTENER_DSN: str | None = None  # Direct connection for LISTEN, bypassing a pooler.
+    RETENTION_SECONDS: float = DEFAULT_RETENTION_SECONDS  # Finished jobs kept by pruning.
+
+
+SETTING_TYPES: dict[str, tuple[type, ...]] = {
+    f.name: (bool,)
+    if f.type == "bool"
+    else (int,)
+    if f.type == "int"
+    else (int, float)
+    if f.type == "float"
+    else (str, type(None))
+    if "None" in str(f.type)
+    else (str,)
+    for f in fields(ConveyorSettings)
+}
+
+
+def raw_settings() -> dict[str, Any]:
+    """The user's CONVEYOR dict as written (validated by the checks)."""
+    value = getattr(django_settings, "CONVEYOR", None)
+    return dict(value) if isinstance(value, dict) else {}
+
+
+@functools.cache
+def conveyor_settings() -> ConveyorSettings:
+    known = {f.name for f in fields(ConveyorSettings)}
+    values = {k: v for k, v in raw_settings().items() if k in known}
+    for key in ("LEASE_SECONDS", "HEARTBEAT_SECONDS", "POLL_SECONDS", "REAP_SECONDS"):
+        if key in values:
+            values[key] = float(values[key])
+    return ConveyorSettings(**values)
+
+
+@receiver(setting_changed)
+def _reset_on_change(*, setting: str, **kwargs: Any) -> None:
+    if setting in {"CONVEYOR", "DATABASES"}:
+        conveyor_settings.cache_clear()

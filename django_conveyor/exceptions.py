@@ -1,0 +1,47 @@
+"""Errors of django-conveyor, all under one root.
+
+`Discard` and `Snooze` are instructions a handler raises; `LeaseLost` is the
+event a handler meets when its lease was taken from it.
+"""
+
+from __future__ import annotations
+
+from django.core.exceptions import ImproperlyConfigured
+
+
+class ConveyorError(Exception):
+    """Base class for django-conveyor errors. Do not raise directly."""
+
+
+class Discard(ConveyorError):  # noqa: N818 - an instruction, named as one
+    """Fail this job now and never retry it (state `failed`)."""
+
+
+class Snooze(ConveyorError):  # noqa: N818 - an instruction, named as one
+    """Run this job again later without using an attempt."""
+
+    def __init__(self, seconds: float = 60.0, reason: str = "") -> None:
+        if seconds < 0:
+            raise ValueError(f"Snooze needs a delay of zero seconds or more, not {seconds!r}.")
+        self.seconds = float(seconds)
+        super().__init__(reason or f"Snoozed for {self.seconds:g} seconds.")
+
+
+class LeaseLost(ConveyorError):  # noqa: N818 - named for the event
+    """This worker no longer holds the job's lease; its writes were refused."""
+
+
+class JobNotFound(ConveyorError):
+    """No job has that id."""
+
+
+class InvalidTransition(ConveyorError):
+    """The job is not in a state that allows the requested change."""
+
+
+class ArgumentsNotSerializable(ConveyorError, TypeError):
+    """A task's arguments or return value cannot survive a JSON round trip."""
+
+
+class ConveyorConfigurationError(ImproperlyConfigured):
+    """The CONVEYOR setting or the TASKS entry is invalid."""

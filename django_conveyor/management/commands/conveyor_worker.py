@@ -1,0 +1,152 @@
+"""`manage.py conveyor_worker`: parse and validate, then hand over to the worker."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+
+from django_conveyor.conf import conveyor_settings
+from django_conveyor.supervisor import Supervisor
+from django_conveyor.worker import Worker, WorkerOptions
+
+MAX_WORKER_ID_LENGTH = 64
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, got {value}")
+    return value
+
+
+def non_negative_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if value < 0 or value != value:
+        raise argparse.ArgumentTypeError(f"must be zero or more seconds, got {text}")
+    return value
+
+
+def positive_seconds(text: str) -> float:
+    value = non_negative_seconds(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("must be more than zero seconds")
+    return value
+
+
+def queue_list(text: str) -> list[str]:
+    queues = [q.strip() for q in text.split(",") if q.strip()]
+    if not queues:
+        raise argparse.ArgumentTypeError("expected a comma-separated list of queue names")
+    return queues
+
+
+def worker_id(text: str) -> str:
+    if not text or len(text) > MAX_WORKER_ID_LENGTH:
+        raise argparse.ArgumentTypeError(f"must be 1 to {MAX_WORKER_ID_LENGTH} characters")
+    return text
+
+
+class Command(BaseCommand):
+    help = "Run django-conveyor workers: claim jobs under fenced leases and run them."
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument(
+            "--queues",
+            "--queue-name",
+            dest="queues",
+            type=queue_list,
+            default=None,
+            help="Comma-separated queues to work (default: every queue of the backend's QUEUES).",
+        )
+        parser.add_argument("--concurrency", type=positive_int, default=4, help="Handler slots per process (default 4).")
+        parser.add_argument("--processes", type=positive_int, default=1, help="Worker processes to supervise (default 1).")
+        parser.add_argument(
+            "--burst", "--batch", dest="burst", action="store_true",
+            help="Work until no job is ready and none is held, then exit 0.",
+        )  # fmt: skip
+        parser.add_argument("--lease", type=positive_seconds, default=None, help="Lease length in seconds (default CONVEYOR['LEASE_SECONDS']).")
+        parser.add_argument(
+            "--shutdown-timeout", type=non_negative_seconds, default=None,
+            help="Seconds in-flight handlers get after SIGTERM before their leases are handed back.",
+        )  # fmt: skip
+        parser.add_argument(
+            "--poll-only", action="store_true",
+            help="Never LISTEN; poll only (for PgBouncer in transaction mode).",
+        )  # fmt: skip
+        parser.add_argument("--interval", "--poll", dest="poll", type=positive_seconds, default=None, help="Idle poll interval in seconds.")
+        parser.add_argument("--prefetch", type=int, default=None, help="Jobs claimed ahead beyond busy slots (default: concurrency).")
+        parser.add_argument("--max-tasks", "--max-jobs", dest="max_jobs", type=positive_int, default=None, help="Exit after this many attempts.")
+        parser.add_argument("--worker-id", type=worker_id, default=None, help="Worker id (default: host:pid:random).")
+        parser.add_argument("--backend", default="default", help="The TASKS alias whose queues to work (default 'default').")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        configure_logging(options["verbosity"])
+        known = self.backend_queues(options["backend"])
+        queues = options["queues"] or sorted(known)
+        unknown = sorted(set(queues) - known) if known else []
+        if unknown:
+            raise CommandError(
+                f"Unknown queue(s) {', '.join(unknown)}: backend {options['backend']!r} "
+                f"accepts {', '.join(sorted(known))} (its TASKS QUEUES setting)."
+            )
+        if not queues:
+            raise CommandError("The backend accepts any queue name; pass --queues explicitly.")
+        if options["prefetch"] is not None and options["prefetch"] < 0:
+            raise CommandError("--prefetch must be zero or more.")
+        if options["worker_id"] and options["processes"] > 1:
+            raise CommandError("--worker-id names one process; it cannot be used with --processes > 1.")
+        worker_options = WorkerOptions(
+            queues=tuple(queues),
+            concurrency=options["concurrency"],
+            lease_seconds=options["lease"],
+            shutdown_timeout=options["shutdown_timeout"],
+            burst=options["burst"],
+            listen=False if options["poll_only"] else None,
+            poll_seconds=options["poll"],
+            prefetch=options["prefetch"],
+            max_jobs=options["max_jobs"],
+            worker_id=options["worker_id"],
+        )
+        if options["processes"] == 1:
+            code = Worker(worker_options).run()
+        else:
+            code = Supervisor(
+                options["processes"],
+                lambda slot: Worker(worker_options).run(),
+                burst=options["burst"],
+            ).run()
+        sys.exit(code)
+
+    def backend_queues(self, alias: str) -> set[str]:
+        from django_conveyor.backend import ConveyorBackend
+        from django_conveyor.compat import task_backends
+
+        try:
+            backend = task_backends[alias]
+        except Exception as exc:
+            raise CommandError(f"No task backend named {alias!r} in TASKS: {exc}") from exc
+        if not isinstance(backend, ConveyorBackend):
+            raise CommandError(f"Task backend {alias!r} is not a ConveyorBackend.")
+        return set(backend.queues)
+
+
+def configure_logging(verbosity: int) -> None:
+    """Give the worker a console handler unless the project configured one."""
+    logger = logging.getLogger("django_conveyor")
+    if logger.handlers or logging.getLogger().handlers:
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(process)d %(message)s"))
+    logger.addHandler(handler)
+    logger.setLevel({0: logging.WARNING, 1: logging.INFO}.get(verbosity, logging.DEBUG))
+    conveyor_settings()  # Fail early on a bad CONVEYOR setting.

@@ -1,0 +1,125 @@
+"""The tables of the public contract (DESIGN §3).
+
+Rows of `conveyor_job` change state only through `protocol.py`; the models
+exist for reading (admin, get_result) and for migrations.
+"""
+
+from __future__ import annotations
+
+from django.db import models
+from django.db.models import Q
+
+from .states import JobState
+
+PRIORITY_RANGE = Q(priority__gte=-100) & Q(priority__lte=100)
+
+
+class Job(models.Model):
+    id = models.BigAutoField(primary_key=True)
+    task_path = models.CharField(max_length=255)
+    args = models.JSONField(default=list)
+    kwargs = models.JSONField(default=dict)
+    queue = models.CharField(max_length=64, default="default")
+    backend = models.CharField(max_length=64, default="default")
+    priority = models.SmallIntegerField(default=0)
+    state = models.CharField(max_length=16, choices=JobState.choices, default=JobState.AVAILABLE)
+    attempt = models.IntegerField(default=0)
+    max_attempts = models.IntegerField(default=5)
+    run_after = models.DateTimeField()
+    lease_owner = models.CharField(max_length=64, null=True, blank=True)
+    lease_version = models.BigIntegerField(default=0)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    idempotency_key = models.CharField(max_length=255, null=True, blank=True, unique=True)
+    errors = models.JSONField(default=list, blank=True)
+    return_value = models.JSONField(null=True, blank=True)
+    enqueued_at = models.DateTimeField()
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "conveyor_job"
+        ordering = ["-id"]
+        indexes = [
+            # The claim path: only ready rows, in claim order, so its cost
+            # does not grow with finished history. Queue is a filter, not a
+            # key column, so one ordered scan serves a worker of many queues.
+            models.Index(
+                models.F("priority").desc(),
+                "run_after",
+                "id",
+                name="conveyor_job_claim_idx",
+                condition=Q(state="available"),
+            ),
+            models.Index(
+                "lease_expires_at",
+                name="conveyor_job_reap_idx",
+                condition=Q(state="running"),
+            ),
+            models.Index(
+                "finished_at",
+                name="conveyor_job_finished_idx",
+                condition=Q(state__in=["completed", "failed", "dead", "cancelled"]),
+            ),
+            models.Index("state", "queue", name="conveyor_job_state_queue_idx"),
+        ]
+        constraints = [
+            models.CheckConstraint(condition=PRIORITY_RANGE, name="conveyor_job_priority_range"),
+            models.CheckConstraint(
+                condition=Q(state__in=[s.value for s in JobState]), name="conveyor_job_state_valid"
+            ),
+            models.CheckConstraint(
+                condition=Q(max_attempts__gte=1), name="conveyor_job_max_attempts_positive"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.task_path} #{self.pk} ({self.state})"
+
+    @property
+    def task_name(self) -> str:
+        return self.task_path.rsplit(".", 1)[-1]
+
+
+class DeadLetter(Job):
+    """Failed and dead jobs, for the admin's dead-letter view."""
+
+    class Meta:
+        proxy = True
+        verbose_name = "dead letter"
+        verbose_name_plural = "dead letters (failed and dead jobs)"
+
+
+class Queue(models.Model):
+    name = models.CharField(max_length=64, primary_key=True)
+    paused = models.BooleanField(default=False)
+    paused_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "conveyor_queue"
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return f"{self.name} (paused)" if self.paused else self.name
+
+
+class LedgerEntry(models.Model):
+    """One applied effect: written inside the job's guarded transaction."""
+
+    id = models.BigAutoField(primary_key=True)
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="ledger_entries")
+    effect_key = models.CharField(max_length=255)
+    lease_version = models.BigIntegerField()
+    worker = models.CharField(max_length=64)
+    applied_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "conveyor_ledger"
+        ordering = ["-id"]
+        verbose_name = "ledger entry"
+        verbose_name_plural = "ledger entries"
+        constraints = [
+            models.UniqueConstraint(fields=["job", "effect_key"], name="conveyor_ledger_once"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.effect_key} of job {self.job_id} (v{self.lease_version})"

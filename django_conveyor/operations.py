@@ -1,0 +1,82 @@
+"""Operator actions on jobs and queues, shared by the admin, the CLI and code.
+
+Job state changes go through `protocol`; each function is one transaction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from django.db import connections, transaction
+from django.utils import timezone
+
+from . import protocol
+from .compat import task_backends
+from .conf import conveyor_settings
+
+
+def _database() -> str:
+    return conveyor_settings().DATABASE
+
+
+def requeue(ids: Sequence[int]) -> list[int]:
+    """Give failed, dead or cancelled jobs a fresh set of attempts; returns those changed."""
+    with transaction.atomic(using=_database()), connections[_database()].cursor() as cursor:
+        return protocol.requeue(cursor, ids=list(ids), notify=conveyor_settings().NOTIFY)
+
+
+def cancel(ids: Sequence[int]) -> list[int]:
+    """Cancel jobs that have not started; returns those changed."""
+    with transaction.atomic(using=_database()), connections[_database()].cursor() as cursor:
+        return protocol.cancel(cursor, ids=list(ids))
+
+
+def known_queues() -> set[str]:
+    """Every queue named by a ConveyorBackend in TASKS, plus those already in conveyor_queue."""
+    from .backend import ConveyorBackend
+    from .models import Queue
+
+    names: set[str] = set()
+    for backend in task_backends.all():
+        if isinstance(backend, ConveyorBackend):
+            names |= set(backend.queues)
+    names |= set(Queue.objects.using(_database()).values_list("name", flat=True))
+    return names
+
+
+def ensure_queues(names: Iterable[str]) -> None:
+    from .models import Queue
+
+    Queue.objects.using(_database()).bulk_create(
+        [Queue(name=n) for n in names], ignore_conflicts=True
+    )
+
+
+def pause(names: Iterable[str]) -> int:
+    """Stop workers claiming from these queues (running jobs finish)."""
+    from .models import Queue
+
+    names = list(names)
+    ensure_queues(names)
+    return (
+        Queue.objects.using(_database())
+        .filter(name__in=names, paused=False)
+        .update(paused=True, paused_at=timezone.now())
+    )
+
+
+def resume(names: Iterable[str]) -> int:
+    """Let workers claim from these queues again, and wake them."""
+    from .models import Queue
+
+    names = list(names)
+    with transaction.atomic(using=_database()):
+        changed = (
+            Queue.objects.using(_database())
+            .filter(name__in=names, paused=True)
+            .update(paused=False, paused_at=None)
+        )
+        with connections[_database()].cursor() as cursor:
+            for name in names:
+                cursor.execute(protocol.NOTIFY, {"channel": protocol.NOTIFY_CHANNEL, "queue": name})
+    return changed

@@ -1,0 +1,474 @@
+"""The lease protocol: every statement that changes a job's state.
+
+Read this module against `spec/tla/Conveyor.tla`: each SQL constant is named
+after the spec action it implements, and nothing else in the package writes
+`conveyor_job`.
+
+States and the only transitions (DESIGN §3)::
+
+    blocked --deps done--> available --CLAIM--> running --COMPLETE--> completed
+    available <--RETRY / SNOOZE / RELEASE / REAP-- running
+    running --FAIL--> failed      running --RETRY / REAP (attempts used)--> dead
+    blocked / available --CANCEL--> cancelled
+    failed / dead / cancelled --REQUEUE--> available
+
+The guard. Every CLAIM issues a new fencing token: `lease_version + 1`, with
+`lease_owner` set to the claiming worker. Every later write a worker makes
+about a job it holds (HEARTBEAT, COMPLETE, RETRY, FAIL, SNOOZE, RELEASE,
+LOCK_FOR_EFFECT) matches the row on `id`, `state = 'running'`, `lease_owner`
+*and* `lease_version`. A write that matches zero rows is stale: the lease
+was reaped, handed to another worker, or cancelled. Callers treat zero rows
+as a return value (log it, count it), never as an exception, except inside
+`context.atomic()`, where the handler must stop.
+
+The clock. Leases are compared with the database's `now()`, never a
+worker's clock, so clock skew between hosts cannot break them. REAP takes
+back leases whose `lease_expires_at < now()`; it skips rows locked by a
+worker's guarded transaction, so a handler that holds the row lock in
+LOCK_FOR_EFFECT cannot lose the job between its check and its commit.
+
+Invariants (checked by the spec, SPIN, the property tests and fault runs):
+at most one worker holds a valid lease on a job; an outcome is written only
+by the current token holder; a completed job's effect is in the ledger
+exactly once; every job ends in a final state while some worker runs.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Protocol
+
+from .states import JobState
+
+NOTIFY_CHANNEL = "conveyor"
+
+_ENQUEUE_COLUMNS = """
+    task_path text, args jsonb, kwargs jsonb, queue text, backend text, priority int,
+    max_attempts int, run_after timestamptz, idempotency_key text, ord int
+"""
+
+ENQUEUE = f"""
+WITH input AS (
+    SELECT * FROM jsonb_to_recordset(%(rows)s::jsonb) AS t({_ENQUEUE_COLUMNS})
+), inserted AS (
+    INSERT INTO conveyor_job (
+        task_path, args, kwargs, queue, backend, priority, state, attempt, max_attempts,
+        run_after, lease_version, idempotency_key, errors, enqueued_at
+    )
+    SELECT task_path, args, kwargs, queue, backend, priority, 'available', 0, max_attempts,
+           COALESCE(run_after, now()), 0, idempotency_key, '[]'::jsonb, now()
+    FROM input ORDER BY ord
+    ON CONFLICT (idempotency_key) DO NOTHING
+    RETURNING id, idempotency_key, queue, run_after, enqueued_at
+)
+SELECT id, idempotency_key, enqueued_at, run_after,
+       CASE WHEN %(notify)s AND run_after <= now() THEN pg_notify(%(channel)s, queue) END
+FROM inserted
+"""
+
+EXISTING_BY_KEY = """
+SELECT id, idempotency_key, enqueued_at, run_after FROM conveyor_job
+WHERE idempotency_key = ANY(%(keys)s)
+"""
+
+CLAIM = """
+WITH picked AS (
+    SELECT id FROM conveyor_job
+    WHERE state = 'available'
+      AND queue = ANY(%(queues)s)
+      AND run_after <= now()
+      AND queue <> ALL(ARRAY(SELECT name FROM conveyor_queue WHERE paused))
+    ORDER BY priority DESC, run_after, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE conveyor_job AS j
+SET state = 'running',
+    attempt = j.attempt + 1,
+    lease_owner = %(owner)s,
+    lease_version = j.lease_version + 1,
+    lease_expires_at = now() + make_interval(secs => %(lease)s),
+    started_at = now()
+FROM picked
+WHERE j.id = picked.id
+RETURNING j.id, j.task_path, j.args, j.kwargs, j.queue, j.backend, j.priority, j.attempt,
+          j.max_attempts, j.lease_version, j.idempotency_key, j.enqueued_at, j.started_at
+"""
+
+_HELD = "FROM jsonb_to_recordset(%(held)s::jsonb) AS h(id bigint, version bigint"
+
+HEARTBEAT = f"""
+UPDATE conveyor_job AS j
+SET lease_expires_at = now() + make_interval(secs => %(lease)s)
+{_HELD})
+WHERE j.id = h.id AND j.state = 'running'
+  AND j.lease_owner = %(owner)s AND j.lease_version = h.version
+RETURNING j.id
+"""
+
+COMPLETE = f"""
+UPDATE conveyor_job AS j
+SET state = 'completed', return_value = h.return_value, finished_at = now(),
+    lease_expires_at = NULL
+{_HELD}, return_value jsonb)
+WHERE j.id = h.id AND j.state = 'running'
+  AND j.lease_owner = %(owner)s AND j.lease_version = h.version
+RETURNING j.id
+"""
+
+RECORD_RESULT = f"""
+UPDATE conveyor_job AS j
+SET return_value = h.return_value
+{_HELD}, return_value jsonb)
+WHERE j.id = h.id AND j.state = 'completed'
+  AND j.lease_owner = %(owner)s AND j.lease_version = h.version
+RETURNING j.id
+"""
+
+_ERROR_ENTRY = """jsonb_build_array(h.error || jsonb_build_object(
+        'attempt', j.attempt, 'worker', j.lease_owner, 'token', j.lease_version, 'time', now()))"""
+
+RETRY = f"""
+UPDATE conveyor_job AS j
+SET state = CASE WHEN j.attempt >= j.max_attempts THEN 'dead' ELSE 'available' END,
+    run_after = now() + make_interval(secs => h.delay),
+    finished_at = CASE WHEN j.attempt >= j.max_attempts THEN now() END,
+    errors = j.errors || {_ERROR_ENTRY},
+    lease_expires_at = NULL
+{_HELD}, delay float8, error jsonb)
+WHERE j.id = h.id AND j.state = 'running'
+  AND j.lease_owner = %(owner)s AND j.lease_version = h.version
+RETURNING j.id, j.state
+"""
+
+FAIL = f"""
+UPDATE conveyor_job AS j
+SET state = 'failed', finished_at = now(), errors = j.errors || {_ERROR_ENTRY},
+    lease_expires_at = NULL
+{_HELD}, error jsonb)
+WHERE j.id = h.id AND j.state = 'running'
+  AND j.lease_owner = %(owner)s AND j.lease_version = h.version
+RETURNING j.id
+"""
+
+SNOOZE = f"""
+UPDATE conveyor_job AS j
+SET state = 'available', attempt = j.attempt - 1,
+    run_after = now() + make_interval(secs => h.delay), lease_expires_at = NULL
+{_HELD}, delay float8)
+WHERE j.id = h.id AND j.state = 'running'
+  AND j.lease_owner = %(owner)s AND j.lease_version = h.version
+RETURNING j.id
+"""
+
+RELEASE = f"""
+UPDATE conveyor_job AS j
+SET state = 'available', attempt = j.attempt - 1, lease_expires_at = NULL
+{_HELD})
+WHERE j.id = h.id AND j.state = 'running'
+  AND j.lease_owner = %(owner)s AND j.lease_version = h.version
+RETURNING j.id
+"""
+
+LOCK_FOR_EFFECT = """
+SELECT id FROM conveyor_job
+WHERE id = %(id)s AND state = 'running'
+  AND lease_owner = %(owner)s AND lease_version = %(version)s
+FOR UPDATE
+"""
+
+REAP = """
+WITH expired AS (
+    SELECT id FROM conveyor_job
+    WHERE state = 'running' AND lease_expires_at < now()
+    ORDER BY lease_expires_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE conveyor_job AS j
+SET state = CASE WHEN j.attempt >= j.max_attempts THEN 'dead' ELSE 'available' END,
+    finished_at = CASE WHEN j.attempt >= j.max_attempts THEN now() END,
+    run_after = now(),
+    lease_expires_at = NULL,
+    errors = j.errors || jsonb_build_array(jsonb_build_object(
+        'attempt', j.attempt, 'worker', j.lease_owner, 'token', j.lease_version,
+        'exception_class_path', 'django_conveyor.exceptions.LeaseLost',
+        'traceback', 'The lease expired at ' || j.lease_expires_at
+            || ' without a heartbeat; the job was taken back by the reaper.',
+        'time', now()))
+FROM expired
+WHERE j.id = expired.id
+RETURNING j.id, j.state, j.task_path, j.queue, j.attempt, j.lease_owner, j.lease_version
+"""
+
+REQUEUE = """
+UPDATE conveyor_job
+SET state = 'available', attempt = 0, run_after = now(), finished_at = NULL,
+    lease_expires_at = NULL, return_value = NULL
+WHERE id = ANY(%(ids)s) AND state IN ('failed', 'dead', 'cancelled')
+RETURNING id, queue
+"""
+
+CANCEL = """
+UPDATE conveyor_job
+SET state = 'cancelled', finished_at = now(),
+    errors = errors || jsonb_build_array(jsonb_build_object(
+        'attempt', attempt, 'worker', NULL, 'token', lease_version,
+        'exception_class_path', 'django_conveyor.exceptions.Cancelled',
+        'traceback', 'Cancelled before it ran.', 'time', now()))
+WHERE id = ANY(%(ids)s) AND state IN ('blocked', 'available')
+RETURNING id
+"""
+
+PRUNE = """
+WITH doomed AS (
+    SELECT id FROM conveyor_job
+    WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
+      AND finished_at < now() - make_interval(secs => %(older_than)s)
+      AND queue = ANY(%(queues)s)
+    ORDER BY finished_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+DELETE FROM conveyor_job AS j USING doomed WHERE j.id = doomed.id
+"""
+
+NOTIFY = "SELECT pg_notify(%(channel)s, %(queue)s)"
+
+
+class Cursor(Protocol):
+    """What the protocol needs of a cursor: Django's wrapper or psycopg's."""
+
+    rowcount: int
+
+    def execute(self, query: Any, params: Any = ...) -> Any: ...
+
+    def fetchall(self) -> list[Any]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class NewJob:
+    task_path: str
+    args: list[Any]
+    kwargs: dict[str, Any]
+    queue: str
+    backend: str
+    priority: int
+    max_attempts: int
+    run_after: datetime | None = None
+    idempotency_key: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Enqueued:
+    id: int
+    enqueued_at: datetime
+    run_after: datetime
+    created: bool  # False when the idempotency key already named a job.
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """A claimed job as the worker holds it: the row plus its fencing token."""
+
+    id: int
+    task_path: str
+    args: list[Any]
+    kwargs: dict[str, Any]
+    queue: str
+    backend: str
+    priority: int
+    attempt: int
+    max_attempts: int
+    version: int  # The fencing token.
+    idempotency_key: str | None
+    enqueued_at: datetime
+    started_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Reaped:
+    id: int
+    state: str
+    task_path: str
+    queue: str
+    attempt: int
+    owner: str | None
+    version: int
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
+def enqueue(cursor: Cursor, jobs: Sequence[NewJob], *, notify: bool) -> list[Enqueued]:
+    """Insert jobs in the caller's transaction; NOTIFY is delivered on commit.
+
+    A job whose idempotency key already exists is not inserted; the existing
+    job comes back with `created=False`.
+    """
+    rows = [
+        {
+            "task_path": j.task_path,
+            "args": j.args,
+            "kwargs": j.kwargs,
+            "queue": j.queue,
+            "backend": j.backend,
+            "priority": j.priority,
+            "max_attempts": j.max_attempts,
+            "run_after": j.run_after.isoformat() if j.run_after else None,
+            "idempotency_key": j.idempotency_key,
+            "ord": i,
+        }
+        for i, j in enumerate(jobs)
+    ]
+    cursor.execute(ENQUEUE, {"rows": _json(rows), "notify": notify, "channel": NOTIFY_CHANNEL})
+    inserted = cursor.fetchall()
+    by_key = {key: (id_, at, after) for id_, key, at, after, _ in inserted if key is not None}
+    unkeyed = iter([(id_, at, after) for id_, key, at, after, _ in inserted if key is None])
+    missing = [j.idempotency_key for j in jobs if j.idempotency_key and j.idempotency_key not in by_key]
+    existing = {}
+    if missing:
+        cursor.execute(EXISTING_BY_KEY, {"keys": missing})
+        existing = {key: (id_, at, after) for id_, key, at, after in cursor.fetchall()}
+    results: list[Enqueued] = []
+    seen: set[str] = set()
+    for job in jobs:
+        key = job.idempotency_key
+        if key is None:
+            id_, at, after = next(unkeyed)
+            results.append(Enqueued(id_, at, after, created=True))
+        elif key in by_key and key not in seen:
+            seen.add(key)
+            results.append(Enqueued(*by_key[key], created=True))
+        else:
+            id_, at, after = by_key.get(key) or existing[key]
+            results.append(Enqueued(id_, at, after, created=False))
+    return results
+
+
+def claim(
+    cursor: Cursor, *, owner: str, queues: Sequence[str], limit: int, lease_seconds: float
+) -> list[Lease]:
+    """Take up to `limit` ready jobs, each with a new fencing token."""
+    cursor.execute(
+        CLAIM, {"queues": list(queues), "limit": limit, "owner": owner, "lease": lease_seconds}
+    )
+    return [Lease(*row) for row in cursor.fetchall()]
+
+
+def heartbeat(
+    cursor: Cursor, *, owner: str, held: Iterable[tuple[int, int]], lease_seconds: float
+) -> set[int]:
+    """Renew every lease the worker holds; a job missing from the result is lost."""
+    held = [{"id": id_, "version": version} for id_, version in held]
+    if not held:
+        return set()
+    cursor.execute(HEARTBEAT, {"held": _json(held), "owner": owner, "lease": lease_seconds})
+    return {row[0] for row in cursor.fetchall()}
+
+
+def complete(cursor: Cursor, *, owner: str, done: Iterable[tuple[int, int, Any]]) -> set[int]:
+    """Mark jobs completed with their return values; returns the ids written."""
+    held = [{"id": i, "version": v, "return_value": r} for i, v, r in done]
+    return _guarded(cursor, COMPLETE, owner, held)
+
+
+def record_result(cursor: Cursor, *, owner: str, done: Iterable[tuple[int, int, Any]]) -> set[int]:
+    """Store return values of jobs this token already completed in context.atomic()."""
+    held = [{"id": i, "version": v, "return_value": r} for i, v, r in done if r is not None]
+    return _guarded(cursor, RECORD_RESULT, owner, held)
+
+
+def retry(
+    cursor: Cursor, *, owner: str, failures: Iterable[tuple[int, int, float, dict[str, Any]]]
+) -> dict[int, str]:
+    """Return failed attempts to `available` after a delay, or `dead` when used up."""
+    held = [{"id": i, "version": v, "delay": d, "error": e} for i, v, d, e in failures]
+    if not held:
+        return {}
+    cursor.execute(RETRY, {"held": _json(held), "owner": owner})
+    return {id_: state for id_, state in cursor.fetchall()}
+
+
+def fail(cursor: Cursor, *, owner: str, failures: Iterable[tuple[int, int, dict[str, Any]]]) -> set[int]:
+    """Move jobs to `failed` at once (the handler said never retry)."""
+    held = [{"id": i, "version": v, "error": e} for i, v, e in failures]
+    return _guarded(cursor, FAIL, owner, held)
+
+
+def snooze(cursor: Cursor, *, owner: str, snoozed: Iterable[tuple[int, int, float]]) -> set[int]:
+    """Run jobs again after a delay, giving back the attempt they used."""
+    held = [{"id": i, "version": v, "delay": d} for i, v, d in snoozed]
+    return _guarded(cursor, SNOOZE, owner, held)
+
+
+def release(cursor: Cursor, *, owner: str, held: Iterable[tuple[int, int]]) -> set[int]:
+    """Hand leases back at once (graceful shutdown); the attempt is not counted."""
+    rows = [{"id": i, "version": v} for i, v in held]
+    return _guarded(cursor, RELEASE, owner, rows)
+
+
+def lock_for_effect(cursor: Cursor, *, job_id: int, owner: str, version: int) -> bool:
+    """Lock the job row for the caller's transaction if the token still holds it."""
+    cursor.execute(LOCK_FOR_EFFECT, {"id": job_id, "owner": owner, "version": version})
+    return bool(cursor.fetchall())
+
+
+def reap(cursor: Cursor, *, limit: int = 500) -> list[Reaped]:
+    """Take back expired leases: to `available`, or `dead` when attempts are used up."""
+    cursor.execute(REAP, {"limit": limit})
+    return [Reaped(*row) for row in cursor.fetchall()]
+
+
+def requeue(cursor: Cursor, *, ids: Sequence[int], notify: bool = True) -> list[int]:
+    """Give failed, dead or cancelled jobs a fresh set of attempts."""
+    cursor.execute(REQUEUE, {"ids": list(ids)})
+    rows = cursor.fetchall()
+    if notify:
+        for queue in sorted({queue for _, queue in rows}):
+            cursor.execute(NOTIFY, {"channel": NOTIFY_CHANNEL, "queue": queue})
+    return [id_ for id_, _ in rows]
+
+
+def cancel(cursor: Cursor, *, ids: Sequence[int]) -> list[int]:
+    """Cancel jobs that have not started (blocked or available)."""
+    cursor.execute(CANCEL, {"ids": list(ids)})
+    return [row[0] for row in cursor.fetchall()]
+
+
+def prune(cursor: Cursor, *, older_than_seconds: float, queues: Sequence[str], limit: int) -> int:
+    """Delete up to `limit` finished jobs older than the retention window."""
+    cursor.execute(
+        PRUNE, {"older_than": older_than_seconds, "queues": list(queues), "limit": limit}
+    )
+    return cursor.rowcount
+
+
+def _guarded(cursor: Cursor, sql: str, owner: str, held: list[dict[str, Any]]) -> set[int]:
+    if not held:
+        return set()
+    cursor.execute(sql, {"held": _json(held), "owner": owner})
+    return {row[0] for row in cursor.fetchall()}
+
+
+ACTIONS = {
+    "ENQUEUE": enqueue,
+    "CLAIM": claim,
+    "HEARTBEAT": heartbeat,
+    "COMPLETE": complete,
+    "RECORD_RESULT": record_result,
+    "RETRY": retry,
+    "FAIL": fail,
+    "SNOOZE": snooze,
+    "RELEASE": release,
+    "LOCK_FOR_EFFECT": lock_for_effect,
+    "REAP": reap,
+    "REQUEUE": requeue,
+    "CANCEL": cancel,
+}
+
+__all__ = ["ACTIONS", "JobState", "Lease", "NewJob", "Reaped"]

@@ -1,0 +1,88 @@
+"""The backend's Task class and a `task` decorator that carries its options.
+
+`ConveyorTask` adds per-task `max_attempts`, `timeout`, backoff bounds and a
+per-call `idempotency_key` to the standard Task. The decorator works on
+Django 6.0, 6.1 and the 5.2 backport alike, because it builds the backend's
+task class itself instead of relying on keyword forwarding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+from .compat import (
+    DEFAULT_TASK_BACKEND_ALIAS,
+    DEFAULT_TASK_PRIORITY,
+    DEFAULT_TASK_QUEUE_NAME,
+    Task,
+    task_backends,
+)
+
+if TYPE_CHECKING:
+    from .results import ConveyorTaskResult
+
+OPTION_NAMES = ("max_attempts", "timeout", "backoff_base", "backoff_cap", "idempotency_key")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ConveyorTask(Task):
+    max_attempts: int | None = None  # None: CONVEYOR["MAX_ATTEMPTS"].
+    timeout: float | None = None  # Seconds an attempt may run before it is retried.
+    backoff_base: float | None = None  # Seconds; ceiling of the first retry's delay.
+    backoff_cap: float | None = None  # Seconds; no retry waits longer.
+    idempotency_key: str | None = None  # Set per call with .using(); one job per key.
+
+    def using(self, *, idempotency_key: str | None = None, **changes: Any) -> ConveyorTask:
+        """Like Task.using(), plus this backend's options (None leaves a value as is)."""
+        extra = {name: changes.pop(name) for name in OPTION_NAMES if name in changes}
+        if idempotency_key is not None:
+            extra["idempotency_key"] = idempotency_key
+        task = Task.using(self, **changes) if changes else self
+        extra = {k: v for k, v in extra.items() if v is not None}
+        return replace(task, **extra) if extra else task
+
+    def enqueue_many(
+        self, calls: Iterable[tuple[Sequence[Any], dict[str, Any]]]
+    ) -> list[ConveyorTaskResult]:
+        """Enqueue many calls of this task in one statement (and one NOTIFY)."""
+        return self.get_backend().enqueue_many(self, calls)
+
+
+def task(
+    function: Callable[..., Any] | None = None,
+    *,
+    priority: int = DEFAULT_TASK_PRIORITY,
+    queue_name: str = DEFAULT_TASK_QUEUE_NAME,
+    backend: str = DEFAULT_TASK_BACKEND_ALIAS,
+    takes_context: bool = False,
+    **options: Any,
+) -> Any:
+    """`@task` with django-conveyor's options (`max_attempts`, `timeout`, ...)."""
+    unknown = set(options) - set(OPTION_NAMES)
+    if unknown:
+        raise TypeError(f"Unknown task option(s): {', '.join(sorted(unknown))}.")
+    if "idempotency_key" in options:
+        raise TypeError(
+            "idempotency_key is per call: use task.using(idempotency_key=...).enqueue(...)."
+        )
+
+    def wrapper(func: Callable[..., Any]) -> Task:
+        task_class = task_backends[backend].task_class
+        if options and not issubclass(task_class, ConveyorTask):
+            raise TypeError(
+                f"Task backend {backend!r} does not accept django-conveyor options "
+                f"({', '.join(sorted(options))}); point it at ConveyorBackend."
+            )
+        return task_class(
+            func=func,
+            priority=priority,
+            queue_name=queue_name,
+            backend=backend,
+            takes_context=takes_context,
+            run_after=None,
+            **options,
+        )
+
+    return wrapper(function) if function else wrapper

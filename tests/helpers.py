@@ -1,0 +1,99 @@
+"""Test helpers: real worker processes, in-process workers, waiting on state."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from django.db import connection
+
+from django_conveyor import executor
+from django_conveyor.conf import conveyor_settings
+from django_conveyor.models import Job
+from django_conveyor.worker import Worker, WorkerOptions
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def clear_task_caches() -> None:
+    executor.import_task.cache_clear()
+    conveyor_settings.cache_clear()
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float = 20.0, interval: float = 0.05) -> Any:
+    """Poll observable state until `predicate()` is truthy; fail with its last value."""
+    deadline = time.monotonic() + timeout
+    value = predicate()
+    while not value:
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s (last value {value!r})")
+        time.sleep(interval)
+        value = predicate()
+    return value
+
+
+def run_burst(**options: Any) -> Worker:
+    """Run an in-process worker until nothing is ready; returns it for its stats."""
+    options.setdefault("queues", ("default", "emails", "slow", "other"))
+    options.setdefault("burst", True)
+    options.setdefault("listen", False)
+    worker = Worker(WorkerOptions(**options))
+    worker.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+    assert worker.run() == 0
+    return worker
+
+
+def state_of(job_id: int | str) -> str:
+    return Job.objects.get(pk=int(job_id)).state
+
+
+def worker_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["DJANGO_SETTINGS_MODULE"] = "tests.settings"
+    env["CONVEYOR_DB_NAME"] = connection.settings_dict["NAME"]
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def start_worker(*args: str, log: Path | None = None) -> subprocess.Popen[bytes]:
+    """A real `manage.py conveyor_worker` process against the test database."""
+    out = open(log, "wb") if log else subprocess.DEVNULL  # noqa: SIM115
+    return subprocess.Popen(
+        [sys.executable, "-m", "django", "conveyor_worker", "-v", "2", *args],
+        cwd=REPO,
+        env=worker_env(),
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
+def stop_process(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM, timeout: float = 30) -> int:
+    if proc.poll() is None:
+        try:
+            os.kill(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+    try:
+        return proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        return proc.wait(10)
+
+
+def kill_group(proc: subprocess.Popen[bytes]) -> None:
+    """Make sure nothing a test started outlives it."""
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGCONT)
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(10)

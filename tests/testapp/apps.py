@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class TestappConfig(AppConfig):
+    name = "tests.testapp"
+    label = "testapp"

@@ -1,0 +1,127 @@
+"""Task handlers the tests enqueue; each leaves an observable trace."""
+
+import os
+import time
+
+from django.db import transaction
+
+from django_conveyor import Discard, Snooze, task
+
+from .models import Effect
+
+
+@task()
+def noop():
+    return None
+
+
+@task()
+def add(a, b):
+    return a + b
+
+
+@task(queue_name="emails")
+def send_email(to):
+    return f"sent to {to}"
+
+
+@task()
+def record(label):
+    """Not exactly-once: a plain write outside the guarded transaction."""
+    Effect.objects.create(job_id=0, token=0, worker="", label=label)
+    return label
+
+
+@task(takes_context=True)
+def apply_once(context, label):
+    """The exactly-once pattern: effect, ledger entry and completion in one commit."""
+    with context.atomic():
+        Effect.objects.create(
+            job_id=context.job_id, token=context.token, worker=context.worker_id, label=label
+        )
+        context.record_effect(label)
+    return {"attempt": context.attempt, "token": context.token}
+
+
+@task(takes_context=True)
+def slow_apply_once(context, label, seconds):
+    """Sleeps first (long enough to be frozen or killed), then applies once."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+    with context.atomic():
+        Effect.objects.create(
+            job_id=context.job_id, token=context.token, worker=context.worker_id, label=label
+        )
+        context.record_effect(label)
+    return {"attempt": context.attempt, "pid": os.getpid()}
+
+
+@task(max_attempts=3, backoff_base=0.05, backoff_cap=0.1)
+def always_fails(message):
+    raise ValueError(message)
+
+
+@task(takes_context=True, max_attempts=5)
+def fails_then_succeeds(context, failures):
+    if context.attempt <= failures:
+        raise RuntimeError(f"attempt {context.attempt} fails on purpose")
+    return context.attempt
+
+
+@task()
+def discard_me(reason):
+    raise Discard(reason)
+
+
+@task(takes_context=True)
+def snooze_once(context, seconds):
+    if not Effect.objects.filter(label=f"snoozed-{context.job_id}").exists():
+        Effect.objects.create(job_id=context.job_id, token=context.token, worker="", label=f"snoozed-{context.job_id}")
+        raise Snooze(seconds)
+    return context.attempt
+
+
+@task(takes_context=True)
+def sleeper(context, seconds):
+    """Sleeps cooperatively: stops early once it learns the lease is gone."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and context.lease_held():
+        time.sleep(0.02)
+    return context.lease_held()
+
+
+@task(timeout=0.3, max_attempts=1)
+def too_slow(seconds):
+    time.sleep(seconds)
+
+
+@task()
+async def async_add(a, b):
+    return a + b
+
+
+@task(priority=10)
+def important(label):
+    Effect.objects.create(job_id=0, token=0, worker="", label=label)
+
+
+@task()
+def ordered(label):
+    Effect.objects.create(job_id=0, token=0, worker="", label=label)
+
+
+@task()
+def returns_unserializable():
+    return object()
+
+
+@task()
+def exits():
+    raise SystemExit(3)
+
+
+@task()
+def in_transaction_enqueue(label):
+    with transaction.atomic():
+        Effect.objects.create(job_id=0, token=0, worker="", label=label)
