@@ -1,28 +1,24 @@
 """A PostgreSQL that starts itself, so a fresh machine needs only Python.
 
 The example project and the test suite call :func:`database_url` from their
-settings.  With ``DATABASE_URL`` set that server is used as it is.  Without
-it, a PostgreSQL server is started (or reused) in a data folder of the
-project, from the first of:
+settings.  With ``DATABASE_URL`` set, that server is used.  Otherwise a server
+is started (or reused) in a data folder of the project, from the binaries in
+the ``pgserver`` wheel (extra ``embedded``; CPython <= 3.12), else those on
+the machine (``pg_ctl`` on PATH, ``pg_config --bindir``, Debian's
+``/usr/lib/postgresql/*/bin``), else :class:`ImproperlyConfigured` says what
+to install.  PostgreSQL refuses to run as root, so as root it runs as the
+``postgres`` account (or pgserver's own ``pgserver`` account).
 
-1. the binaries bundled in the ``pgserver`` wheel (``pip install
-   django-conveyor[embedded]``; wheels exist up to CPython 3.12);
-2. PostgreSQL binaries on the machine (``pg_ctl`` on ``PATH``, in
-   ``pg_config --bindir`` or in Debian's ``/usr/lib/postgresql/*/bin``).
+pgserver's binaries are driven directly, not through ``pgserver.get_server()``:
+that always passes ``-h ''`` (no TCP, which the fault harness needs) and
+re-owns the folder to its own account; one code path gives one lock, one
+owner and one way to stop whichever binaries started the server.  The server
+outlives the process so test runs, web server and workers share it.
 
-pgserver's binaries are driven here directly rather than through
-``pgserver.get_server()``: that function always starts the server with
-``-h ''`` (no TCP, which the fault-injection harness needs) and, as root,
-re-owns the folder to its own user; one code path keeps one lock, one owner
-and one way to stop, whichever binaries started the server.
-
-The server is left running when the process exits, so the next test run,
-the web server and every worker process share it; :func:`stop` ends it.
-The URL returned is in django-environ's form: for a Unix socket the socket
-folder travels in the URL path (``postgresql://postgres@:5432/%2Fdir/postgres``),
-which ``environ.Env.db_url_config`` turns into ``HOST='/dir'``.  libpq reads
-that path as a database name, so give libpq (psql, other tools) the Django
-settings or a ``tcp_port`` URL instead.
+For a Unix socket the URL carries the socket folder in django-environ's form,
+``postgresql://postgres@:5432/%2Fdir/postgres`` -> ``HOST='/dir'`` (it
+leaves a percent-encoded host undecoded).  libpq would read that path as a
+database name: hand libpq tools the Django settings or a ``tcp_port`` URL.
 """
 
 from __future__ import annotations

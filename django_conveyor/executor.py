@@ -13,7 +13,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.db import close_old_connections
+from django.db import connections
 from django.utils.module_loading import import_string
 
 from .compat import Task, TaskError, TaskResultStatus, task_finished, task_started
@@ -144,6 +144,19 @@ def report(task: Task | None, result: ConveyorTaskResult | None, outcome: Outcom
     task_finished.send(type(task.get_backend()), task_result=result)
 
 
+def connection_hygiene() -> None:
+    """Drop broken or obsolete handler connections, but keep healthy ones.
+
+    Django closes a CONN_MAX_AGE=0 connection after every request; a worker
+    slot would then reconnect for every job, so here such a connection lives
+    as long as the slot and is closed only when it is unusable.
+    """
+    for conn in connections.all(initialized_only=True):
+        if conn.settings_dict.get("CONN_MAX_AGE") == 0:
+            conn.close_at = None
+        conn.close_if_unusable_or_obsolete()
+
+
 def execute(lease: Lease, state: LeaseState) -> Outcome:
     """Run one attempt and say what should be written; never raises."""
     task: Task | None = None
@@ -165,6 +178,6 @@ def execute(lease: Lease, state: LeaseState) -> Outcome:
             level = logging.INFO if outcome.kind == SNOOZE else logging.WARNING
             log_job(logger, level, lease, "raised %s", type(exc).__name__)
     finally:
-        close_old_connections()
+        connection_hygiene()
     report(task, result, outcome)
     return outcome

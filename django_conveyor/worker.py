@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from types import FrameType
 
 import psycopg
+from django.db import connections
 
 from . import executor, protocol
 from .conf import conveyor_settings
@@ -200,11 +201,17 @@ class Worker:
                 break
             if claimed:
                 continue  # There may be more ready work: claim again before sleeping.
-            if self.options.burst and not self.held and self.outcomes.empty():
+            if self.options.burst and self.idle():
                 logger.info("burst: nothing ready and nothing held, exiting")
                 break
             timeout = min(self.poll_seconds, max(next_heartbeat - time.monotonic(), 0.0))
             self.wake_event.wait(timeout)
+
+    def idle(self) -> bool:
+        """Nothing held, nothing running, nothing left to write."""
+        with self.busy_lock:
+            busy = self.busy_slots
+        return not self.held and not busy and self.outcomes.empty()
 
     def ensure_connection(self) -> None:
         if self.conn is None or self.conn.closed:
@@ -252,14 +259,25 @@ class Worker:
     def heartbeat(self) -> None:
         if not self.held:
             return
-        held = [(h.lease.id, h.lease.version) for h in self.held.values()]
+        # A job completed inside context.atomic() is no longer 'running': it needs
+        # no renewal, and its missing row means done, not lost.
+        held = [
+            (h.lease.id, h.lease.version)
+            for h in self.held.values()
+            if not h.state.completed_in_atomic
+        ]
         with self.cursor() as cur:
             renewed = protocol.heartbeat(
                 cur, owner=self.worker_id, held=held, lease_seconds=self.lease_seconds
             )
         for job_id, version in held:
             current = self.held.get(job_id)
-            if job_id not in renewed and current and current.lease.version == version:
+            if (
+                job_id not in renewed
+                and current
+                and current.lease.version == version
+                and not current.state.completed_in_atomic
+            ):
                 current.state.mark_lost("heartbeat found the lease gone")
                 del self.held[job_id]
                 self.stats.add("leases_lost")
@@ -313,7 +331,9 @@ class Worker:
                 break
             self.finished_attempts += 1
             current = self.held.get(outcome.lease.id)
-            if current is None or current.lease.version != outcome.lease.version:
+            stale = current is None or current.lease.version != outcome.lease.version
+            # The guarded commit already proved the token held: never stale.
+            if stale and outcome.kind != executor.DONE_IN_ATOMIC:
                 # The lease was lost (heartbeat, timeout or shutdown): never write.
                 self.stats.add("stale_outcomes")
                 log_job(logger, logging.WARNING, outcome.lease, "stale outcome (%s) not written", outcome.kind)
@@ -376,6 +396,7 @@ class Worker:
         while True:
             held = self.ready.get()
             if held is None:
+                connections.close_all()  # This thread's handler connections.
                 return
             if held.state.lost.is_set():
                 continue  # Handed back before it started.

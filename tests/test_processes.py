@@ -1,0 +1,167 @@
+"""Real worker processes: draining, kill -9, SIGSTOP zombies, shutdown, supervision."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from django.db.models import Count
+
+from django_conveyor.models import Job, LedgerEntry
+from tests.helpers import REPO, kill_group, start_worker, stop_process, wait_until, worker_env
+from tests.testapp import tasks
+from tests.testapp.models import Effect
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+
+@pytest.fixture
+def procs():
+    started: list[subprocess.Popen] = []
+    yield started
+    for proc in started:
+        kill_group(proc)
+
+
+def worker(procs, tmp_path: Path, name: str, *args: str) -> subprocess.Popen:
+    proc = start_worker("--queues", "default", *args, log=tmp_path / f"{name}.log")
+    procs.append(proc)
+    return proc
+
+
+def states() -> dict[str, int]:
+    return dict(Job.objects.values_list("state").annotate(n=Count("id")))
+
+
+def test_four_processes_drain_400_jobs_each_effect_once(procs, tmp_path):
+    tasks.apply_once.enqueue_many([((f"e{i}",), {}) for i in range(400)])
+    proc = worker(procs, tmp_path, "drain", "--processes", "4", "--concurrency", "4", "--burst")
+    assert proc.wait(120) == 0, (tmp_path / "drain.log").read_text()[-3000:]
+    assert states() == {"completed": 400}
+    assert Effect.objects.count() == 400
+    assert Effect.objects.values("job_id").distinct().count() == 400
+    assert LedgerEntry.objects.count() == 400
+    # Every effect was written under the token that completed its job.
+    tokens = dict(Job.objects.values_list("id", "lease_version"))
+    assert all(tokens[e.job_id] == e.token for e in Effect.objects.all())
+    owners = set(Job.objects.values_list("lease_owner", flat=True))
+    assert len({o.split(":")[1] for o in owners}) > 1  # more than one process took work
+
+
+def test_kill9_mid_job_is_reaped_and_completes_on_attempt_2(procs, tmp_path):
+    result = tasks.slow_apply_once.enqueue("k", 2.0)
+    first = worker(procs, tmp_path, "first", "--lease", "1")
+    wait_until(lambda: Job.objects.get(pk=result.id).state == "running")
+    os.kill(first.pid, signal.SIGKILL)
+    assert first.wait(10) == -signal.SIGKILL
+    assert Effect.objects.count() == 0  # it died before its effect
+    worker(procs, tmp_path, "second", "--lease", "5")
+    wait_until(lambda: Job.objects.get(pk=result.id).state == "completed", timeout=30)
+    row = Job.objects.get(pk=result.id)
+    assert row.attempt == 2
+    assert row.errors[0]["exception_class_path"] == "django_conveyor.exceptions.LeaseLost"
+    assert Effect.objects.filter(job_id=row.id).count() == 1
+    assert Effect.objects.get(job_id=row.id).token == row.lease_version == 2
+
+
+def test_sigstop_zombie_cannot_complete_or_apply_its_effect(procs, tmp_path):
+    result = tasks.slow_apply_once.enqueue("z", 1.5)
+    zombie = worker(procs, tmp_path, "zombie", "--lease", "1")
+    wait_until(lambda: Job.objects.get(pk=result.id).state == "running")
+    zombie_owner = Job.objects.get(pk=result.id).lease_owner
+    os.kill(zombie.pid, signal.SIGSTOP)
+    rescuer = worker(procs, tmp_path, "rescuer", "--lease", "10")
+    wait_until(lambda: Job.objects.get(pk=result.id).state == "completed", timeout=30)
+    done = Job.objects.get(pk=result.id)
+    assert done.lease_owner != zombie_owner
+    os.kill(zombie.pid, signal.SIGCONT)
+    time.sleep(2.5)  # the zombie's handler wakes, tries its guarded commit, is refused
+    assert stop_process(zombie) == 0
+    assert stop_process(rescuer) == 0
+    after = Job.objects.get(pk=result.id)
+    assert (after.state, after.lease_owner, after.lease_version) == ("completed", done.lease_owner, done.lease_version)
+    assert after.return_value == done.return_value
+    assert Effect.objects.filter(job_id=after.id).count() == 1
+    assert Effect.objects.get(job_id=after.id).token == after.lease_version
+    assert LedgerEntry.objects.filter(job_id=after.id).count() == 1
+    log = (tmp_path / "zombie.log").read_text()
+    assert "'stale_outcomes': 1" in log or "'leases_lost': 1" in log, log[-2000:]
+
+
+def test_graceful_shutdown_hands_back_leases_at_once(procs, tmp_path):
+    results = [tasks.sleeper.enqueue(30) for _ in range(6)]
+    proc = worker(procs, tmp_path, "w", "--concurrency", "2", "--prefetch", "2", "--shutdown-timeout", "0.5", "--lease", "60")
+    wait_until(lambda: Job.objects.filter(state="running").count() == 4)
+    started = time.monotonic()
+    assert stop_process(proc, signal.SIGTERM) == 0
+    assert time.monotonic() - started < 10
+    rows = Job.objects.filter(pk__in=[r.id for r in results])
+    assert {r.state for r in rows} == {"available"}
+    assert {r.attempt for r in rows} == {0}  # a hand-back does not use an attempt
+    assert all(r.lease_expires_at is None and r.errors == [] for r in rows)
+
+
+def test_shutdown_lets_in_flight_jobs_finish(procs, tmp_path):
+    result = tasks.slow_apply_once.enqueue("finish", 1.0)
+    proc = worker(procs, tmp_path, "w", "--shutdown-timeout", "20")
+    wait_until(lambda: Job.objects.get(pk=result.id).state == "running")
+    assert stop_process(proc, signal.SIGINT) == 0
+    assert Job.objects.get(pk=result.id).state == "completed"
+
+
+def test_second_signal_exits_at_once(procs, tmp_path):
+    tasks.sleeper.enqueue(30)
+    proc = worker(procs, tmp_path, "w", "--shutdown-timeout", "60", "--concurrency", "1")
+    wait_until(lambda: Job.objects.filter(state="running").exists())
+    os.kill(proc.pid, signal.SIGTERM)
+    time.sleep(0.5)
+    os.kill(proc.pid, signal.SIGTERM)
+    assert proc.wait(10) == 128 + signal.SIGTERM
+    assert Job.objects.get().state == "running"  # left for the reaper
+
+
+def test_supervisor_restarts_a_dead_process(procs, tmp_path):
+    proc = worker(procs, tmp_path, "sup", "--processes", "2")
+    children = wait_until(lambda: child_pids(proc.pid) if len(child_pids(proc.pid)) == 2 else None)
+    os.kill(children[0], signal.SIGKILL)
+    replaced = wait_until(lambda: (c := child_pids(proc.pid)) and len(c) == 2 and children[0] not in c and c)
+    assert children[1] in replaced
+    result = tasks.add.enqueue(2, 2)
+    wait_until(lambda: Job.objects.get(pk=result.id).state == "completed")
+    assert stop_process(proc) == 0
+
+
+def child_pids(pid: int) -> list[int]:
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except FileNotFoundError:
+        return []
+    return [int(p) for p in text.split()]
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "message"),
+    [
+        (["--concurrency", "0"], 2, "--concurrency: must be 1 or more, got 0"),
+        (["--lease", "soon"], 2, "--lease: expected a number of seconds, got 'soon'"),
+        (["--queues", "nope"], 1, "Unknown queue(s) nope"),
+    ],
+)
+def test_bad_flags_are_named(args, code, message):
+    proc = subprocess.run(
+        [sys.executable, "-m", "django", "conveyor_worker", *args],
+        cwd=REPO, env=worker_env(), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == code
+    assert message in proc.stderr
+
+
+def test_burst_exits_zero_when_nothing_is_ready(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "django", "conveyor_worker", "--burst", "--queues", "default"],
+        cwd=REPO, env=worker_env(), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 0
