@@ -49,8 +49,12 @@ class QueueFilter(admin.SimpleListFilter):
         return queryset.filter(queue=self.value()) if self.value() else queryset
 
 
-@admin.action(permissions=["change"], description="Requeue selected jobs (failed, dead or cancelled)")
-def requeue_jobs(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet[Job]) -> None:
+@admin.action(
+    permissions=["change"], description="Requeue selected jobs (failed, dead or cancelled)"
+)
+def requeue_jobs(
+    modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet[Job]
+) -> None:
     ids = list(queryset.values_list("id", flat=True))
     changed = operations.requeue(ids)
     modeladmin.message_user(request, f"Requeued {len(changed)} job(s).", messages.SUCCESS)
@@ -63,7 +67,9 @@ def requeue_jobs(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: Q
 
 
 @admin.action(permissions=["change"], description="Cancel selected jobs (not yet started)")
-def cancel_jobs(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet[Job]) -> None:
+def cancel_jobs(
+    modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet[Job]
+) -> None:
     ids = list(queryset.values_list("id", flat=True))
     changed = operations.cancel(ids)
     modeladmin.message_user(request, f"Cancelled {len(changed)} job(s).", messages.SUCCESS)
@@ -104,14 +110,35 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 
     extra_readonly: tuple[str, ...] = ()
 
-    def changeform_view(self, request: HttpRequest, object_id: Any = None, form_url: str = "", extra_context: Any = None) -> Any:  # fmt: skip
-        extra_context = {**(extra_context or {}), "show_save": False, "show_save_and_continue": False}
+    def changeform_view(
+        self,
+        request: HttpRequest,
+        object_id: Any = None,
+        form_url: str = "",
+        extra_context: Any = None,
+    ) -> Any:
+        extra_context = {
+            **(extra_context or {}),
+            "show_save": False,
+            "show_save_and_continue": False,
+        }
         return super().changeform_view(request, object_id, form_url, extra_context)
 
 
 @admin.register(Job)
 class JobAdmin(ReadOnlyAdmin):
-    list_display = ("id", "task_name", "queue", "state", "priority", "attempt", "max_attempts", "run_after", "enqueued_at", "finished_at")  # fmt: skip
+    list_display = (
+        "id",
+        "task_name",
+        "queue",
+        "state",
+        "priority",
+        "attempt",
+        "max_attempts",
+        "run_after",
+        "enqueued_at",
+        "finished_at",
+    )
     list_filter = ("state", QueueFilter, TaskFilter)
     search_fields = ("=id", "task_path", "idempotency_key")
     actions = [requeue_jobs, cancel_jobs]
@@ -163,13 +190,17 @@ class DeadLetterAdmin(JobAdmin):
 
 
 @admin.action(permissions=["change"], description="Pause selected queues")
-def pause_queues(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet[Queue]) -> None:
+def pause_queues(
+    modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet[Queue]
+) -> None:
     changed = operations.pause(queryset.values_list("name", flat=True))
     modeladmin.message_user(request, f"Paused {changed} queue(s).", messages.SUCCESS)
 
 
 @admin.action(permissions=["change"], description="Resume selected queues")
-def resume_queues(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet[Queue]) -> None:
+def resume_queues(
+    modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet[Queue]
+) -> None:
     changed = operations.resume(queryset.values_list("name", flat=True))
     modeladmin.message_user(request, f"Resumed {changed} queue(s).", messages.SUCCESS)
 

@@ -46,7 +46,9 @@ class ConveyorBackend(BaseTaskBackend):
         if max_attempts is not None and (
             isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1
         ):
-            raise InvalidTask(f"max_attempts must be a whole number of 1 or more, not {max_attempts!r}.")
+            raise InvalidTask(
+                f"max_attempts must be a whole number of 1 or more, not {max_attempts!r}."
+            )
         for name in ("timeout", "backoff_base", "backoff_cap"):
             value = getattr(task, name, None)
             if value is not None and (

@@ -29,7 +29,7 @@ def check_settings(**kwargs: Any) -> Iterable[checks.CheckMessage]:
             )
             continue
         types = SETTING_TYPES[key]
-        if isinstance(val, bool) and bool not in types or not isinstance(val, types):
+        if (isinstance(val, bool) and bool not in types) or not isinstance(val, types):
             names = " or ".join("None" if t is type(None) else t.__name__ for t in types)
             yield checks.Error(
                 f"CONVEYOR[{key!r}] must be {names}, not {type(val).__name__} {val!r}.",
@@ -41,8 +41,8 @@ def check_settings(**kwargs: Any) -> Iterable[checks.CheckMessage]:
             positive = key.endswith("_SECONDS") and key != "SHUTDOWN_TIMEOUT_SECONDS"
             if val < minimum or (positive and val <= 0):
                 yield checks.Error(
-                    f"CONVEYOR[{key!r}] must be {'more than 0' if positive else f'{minimum} or more'}, "
-                    f"not {val!r}.",
+                    f"CONVEYOR[{key!r}] must be "
+                    f"{'more than 0' if positive else f'{minimum} or more'}, not {val!r}.",
                     id="conveyor.E004",
                 )
     yield from _check_timing(raw_settings())
@@ -57,13 +57,13 @@ def check_settings(**kwargs: Any) -> Iterable[checks.CheckMessage]:
 def _check_timing(values: dict[str, Any]) -> Iterable[checks.CheckMessage]:
     lease = values.get("LEASE_SECONDS", ConveyorSettings.LEASE_SECONDS)
     beat = values.get("HEARTBEAT_SECONDS", ConveyorSettings.HEARTBEAT_SECONDS)
-    if all(isinstance(v, int | float) and not isinstance(v, bool) for v in (lease, beat)):
-        if beat * 2 > lease:
-            yield checks.Error(
-                f"CONVEYOR['HEARTBEAT_SECONDS'] ({beat}) must be at most half of "
-                f"CONVEYOR['LEASE_SECONDS'] ({lease}), or one late heartbeat loses the lease.",
-                id="conveyor.E006",
-            )
+    numbers = all(isinstance(v, int | float) and not isinstance(v, bool) for v in (lease, beat))
+    if numbers and beat * 2 > lease:
+        yield checks.Error(
+            f"CONVEYOR['HEARTBEAT_SECONDS'] ({beat}) must be at most half of "
+            f"CONVEYOR['LEASE_SECONDS'] ({lease}), or one late heartbeat loses the lease.",
+            id="conveyor.E006",
+        )
 
 
 def check_database(**kwargs: Any) -> Iterable[checks.CheckMessage]:

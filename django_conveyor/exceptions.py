@@ -13,11 +13,11 @@ class ConveyorError(Exception):
     """Base class for django-conveyor errors. Do not raise directly."""
 
 
-class Discard(ConveyorError):  # noqa: N818 - an instruction, named as one
+class Discard(ConveyorError):
     """Fail this job now and never retry it (state `failed`)."""
 
 
-class Snooze(ConveyorError):  # noqa: N818 - an instruction, named as one
+class Snooze(ConveyorError):
     """Run this job again later without using an attempt."""
 
     def __init__(self, seconds: float = 60.0, reason: str = "") -> None:
@@ -27,7 +27,7 @@ class Snooze(ConveyorError):  # noqa: N818 - an instruction, named as one
         super().__init__(reason or f"Snoozed for {self.seconds:g} seconds.")
 
 
-class LeaseLost(ConveyorError):  # noqa: N818 - named for the event
+class LeaseLost(ConveyorError):
     """This worker no longer holds the job's lease; its writes were refused."""
 
 

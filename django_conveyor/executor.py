@@ -75,7 +75,7 @@ def task_timeout(task_path: str) -> float | None:
     """The task's timeout, or None (also when it cannot be imported: execute reports that)."""
     try:
         return getattr(import_task(task_path), "timeout", None)
-    except Exception:  # noqa: BLE001
+    except Exception:
         return None
 
 
@@ -111,8 +111,7 @@ def call(task: Task, lease: Lease, result: ConveyorTaskResult, state: LeaseState
     return task.call(context, *lease.args, **lease.kwargs)
 
 
-def classify(
-    exc: BaseException, task: Task | None, lease: Lease, state: LeaseState) -> Outcome:
+def classify(exc: BaseException, task: Task | None, lease: Lease, state: LeaseState) -> Outcome:
     if isinstance(exc, LeaseLost):
         return Outcome(LOST, lease, state, error=error_entry(exc))
     if isinstance(exc, Snooze):
@@ -169,7 +168,7 @@ def execute(lease: Lease, state: LeaseState) -> Outcome:
         value = json_round_trip(value, f"{task.name}() return value")
         kind = DONE_IN_ATOMIC if state.completed_in_atomic else COMPLETE
         outcome = Outcome(kind, lease, state, return_value=value)
-    except BaseException as exc:  # noqa: BLE001 - a handler must never kill its slot.
+    except BaseException as exc:
         if state.completed_in_atomic:
             log_job(logger, logging.ERROR, lease, "raised after its guarded commit", exc_info=exc)
             outcome = Outcome(DONE_IN_ATOMIC, lease, state)

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from .models import LedgerEntry
 
 
-class EffectAlreadyApplied(ConveyorError):  # noqa: N818 - named for the event
+class EffectAlreadyApplied(ConveyorError):
     """The ledger already holds this effect for this job."""
 
 

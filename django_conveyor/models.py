@@ -26,10 +26,13 @@ class Job(models.Model):
     attempt = models.IntegerField(default=0)
     max_attempts = models.IntegerField(default=5)
     run_after = models.DateTimeField()
-    lease_owner = models.CharField(max_length=64, null=True, blank=True)
+    lease_owner = models.CharField(max_length=64, null=True, blank=True)  # noqa: DJ001
     lease_version = models.BigIntegerField(default=0)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
-    idempotency_key = models.CharField(max_length=255, null=True, blank=True, unique=True)
+    # NULL, not "", so that unkeyed jobs never collide in the unique index.
+    idempotency_key = models.CharField(
+        max_length=255, null=True, blank=True, unique=True
+    )
     errors = models.JSONField(default=list, blank=True)
     return_value = models.JSONField(null=True, blank=True)
     enqueued_at = models.DateTimeField()

@@ -329,7 +329,9 @@ def enqueue(cursor: Cursor, jobs: Sequence[NewJob], *, notify: bool) -> list[Enq
     inserted = cursor.fetchall()
     by_key = {key: (id_, at, after) for id_, key, at, after, _ in inserted if key is not None}
     unkeyed = iter([(id_, at, after) for id_, key, at, after, _ in inserted if key is None])
-    missing = [j.idempotency_key for j in jobs if j.idempotency_key and j.idempotency_key not in by_key]
+    missing = [
+        j.idempotency_key for j in jobs if j.idempotency_key and j.idempotency_key not in by_key
+    ]
     existing = {}
     if missing:
         cursor.execute(EXISTING_BY_KEY, {"keys": missing})
@@ -394,7 +396,9 @@ def retry(
     return {id_: state for id_, state in cursor.fetchall()}
 
 
-def fail(cursor: Cursor, *, owner: str, failures: Iterable[tuple[int, int, dict[str, Any]]]) -> set[int]:
+def fail(
+    cursor: Cursor, *, owner: str, failures: Iterable[tuple[int, int, dict[str, Any]]]
+) -> set[int]:
     """Move jobs to `failed` at once (the handler said never retry)."""
     held = [{"id": i, "version": v, "error": e} for i, v, e in failures]
     return _guarded(cursor, FAIL, owner, held)

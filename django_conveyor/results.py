@@ -44,7 +44,9 @@ def resolve_task(task_path: str) -> Task:
     return obj
 
 
-def result_from_job(job: Job, task: Task | None = None, *, created: bool = True) -> ConveyorTaskResult:
+def result_from_job(
+    job: Job, task: Task | None = None, *, created: bool = True
+) -> ConveyorTaskResult:
     task = task or resolve_task(job.task_path)
     result = ConveyorTaskResult(
         task=task,

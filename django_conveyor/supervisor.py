@@ -8,6 +8,7 @@ reaped, so no job is lost with it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -90,9 +91,11 @@ class Supervisor:
     def on_signal(self, signum: int, frame: FrameType | None) -> None:
         self.signals_seen += 1
         self.stopping = True
-        logger.info("%s received: stopping %d worker processes", signal.Signals(signum).name, len(self.children))
+        logger.info(
+            "%s received: stopping %d worker processes",
+            signal.Signals(signum).name,
+            len(self.children),
+        )
         for pid in list(self.children):
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signum)
-            except ProcessLookupError:
-                pass

@@ -10,6 +10,7 @@ handler overruns its timeout is given up on (its outcome becomes stale).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import queue
@@ -146,7 +147,9 @@ class Worker:
                 self.ready.put(None)
             if self.conn is not None:
                 self.conn.close()
-        logger.info("worker %s stopped: %s", self.worker_id, dict(sorted(self.stats.counts.items())))
+        logger.info(
+            "worker %s stopped: %s", self.worker_id, dict(sorted(self.stats.counts.items()))
+        )
         return EXIT_OK
 
     def install_signal_handlers(self) -> None:
@@ -159,7 +162,9 @@ class Worker:
         self.signals_seen += 1
         if self.signals_seen > 1:
             # Second signal: stop at once; leases we hold expire and are reaped.
-            os.write(2, f"conveyor worker: {signal.Signals(signum).name} again, exiting now\n".encode())
+            os.write(
+                2, f"conveyor worker: {signal.Signals(signum).name} again, exiting now\n".encode()
+            )
             os._exit(128 + signum)
         logger.info("%s received: finishing in-flight jobs", signal.Signals(signum).name)
         self.stop()
@@ -219,10 +224,8 @@ class Worker:
 
     def drop_connection(self) -> None:
         if self.conn is not None:
-            try:
+            with contextlib.suppress(psycopg.Error):
                 self.conn.close()
-            except psycopg.Error:
-                pass
         self.conn = None
 
     def cursor(self) -> psycopg.Cursor:
@@ -281,14 +284,20 @@ class Worker:
                 current.state.mark_lost("heartbeat found the lease gone")
                 del self.held[job_id]
                 self.stats.add("leases_lost")
-                log_job(logger, logging.WARNING, current.lease, "lease lost: its outcome will not be written")
+                log_job(
+                    logger,
+                    logging.WARNING,
+                    current.lease,
+                    "lease lost: its outcome will not be written",
+                )
 
     def reap(self) -> None:
         with self.cursor() as cur:
             reaped = protocol.reap(cur, limit=REAP_BATCH)
         for row in reaped:
             logger.warning(
-                "job=%s task=%s queue=%s attempt=%s token=%s reaped from worker %s: lease expired -> %s",
+                "job=%s task=%s queue=%s attempt=%s token=%s reaped from worker %s: "
+                "lease expired -> %s",
                 row.id, row.task_path, row.queue, row.attempt, row.version, row.owner, row.state,
             )  # fmt: skip
         self.stats.add("reaped", len(reaped))
@@ -305,7 +314,7 @@ class Worker:
             held.state.mark_lost(f"timed out after {held.timeout:g}s")
             error = {
                 "exception_class_path": "builtins.TimeoutError",
-                "traceback": f"The attempt ran longer than its timeout of {held.timeout:g} seconds.",
+                "traceback": f"The attempt ran past its timeout of {held.timeout:g} seconds.",
             }
             delay = executor.backoff_delay(
                 held.lease.attempt,
@@ -314,7 +323,9 @@ class Worker:
             )
             with self.cursor() as cur:
                 protocol.retry(
-                    cur, owner=self.worker_id, failures=[(held.lease.id, held.lease.version, delay, error)]
+                    cur,
+                    owner=self.worker_id,
+                    failures=[(held.lease.id, held.lease.version, delay, error)],
                 )
             self.stats.add("timed_out")
             log_job(logger, logging.WARNING, held.lease, "timed out after %gs", held.timeout)
@@ -336,7 +347,13 @@ class Worker:
             if stale and outcome.kind != executor.DONE_IN_ATOMIC:
                 # The lease was lost (heartbeat, timeout or shutdown): never write.
                 self.stats.add("stale_outcomes")
-                log_job(logger, logging.WARNING, outcome.lease, "stale outcome (%s) not written", outcome.kind)
+                log_job(
+                    logger,
+                    logging.WARNING,
+                    outcome.lease,
+                    "stale outcome (%s) not written",
+                    outcome.kind,
+                )
                 continue
             batch.setdefault(outcome.kind, []).append(outcome)
         if not batch:
@@ -348,13 +365,21 @@ class Worker:
                     self.held.pop(o.lease.id, None)
                     if o.lease.id not in written:
                         self.stats.add("stale_outcomes")
-                        log_job(logger, logging.WARNING, o.lease, "stale outcome (%s) rejected by the fence", kind)
+                        log_job(
+                            logger,
+                            logging.WARNING,
+                            o.lease,
+                            "stale outcome (%s) rejected by the fence",
+                            kind,
+                        )
 
     def write(self, cur: psycopg.Cursor, kind: str, outcomes: list[Outcome]) -> set[int]:
         owner = self.worker_id
         if kind == executor.COMPLETE:
             written = protocol.complete(
-                cur, owner=owner, done=[(o.lease.id, o.lease.version, o.return_value) for o in outcomes]
+                cur,
+                owner=owner,
+                done=[(o.lease.id, o.lease.version, o.return_value) for o in outcomes],
             )
             self.stats.add("completed", len(written))
             return written
@@ -369,7 +394,9 @@ class Worker:
             return set(states)
         if kind == executor.FAIL:
             written = protocol.fail(
-                cur, owner=owner, failures=[(o.lease.id, o.lease.version, o.error) for o in outcomes]
+                cur,
+                owner=owner,
+                failures=[(o.lease.id, o.lease.version, o.error) for o in outcomes],
             )
             self.stats.add("failed", len(written))
             return written
@@ -382,7 +409,9 @@ class Worker:
         if kind == executor.DONE_IN_ATOMIC:
             # context.atomic() already completed these; store what they returned.
             protocol.record_result(
-                cur, owner=owner, done=[(o.lease.id, o.lease.version, o.return_value) for o in outcomes]
+                cur,
+                owner=owner,
+                done=[(o.lease.id, o.lease.version, o.return_value) for o in outcomes],
             )
             self.stats.add("completed", len(outcomes))
             return {o.lease.id for o in outcomes}
@@ -468,4 +497,3 @@ class Worker:
         self.stats.add("released", len(released))
         for held in helds:
             log_job(logger, logging.INFO, held.lease, "lease handed back (%s)", reason)
-

@@ -30,7 +30,9 @@ class JobFactory(factory.django.DjangoModelFactory):
             attempt=1,
             lease_owner="worker-a",
             lease_version=1,
-            lease_expires_at=factory.LazyFunction(lambda: timezone.now() + timezone.timedelta(seconds=30)),
+            lease_expires_at=factory.LazyFunction(
+                lambda: timezone.now() + timezone.timedelta(seconds=30)
+            ),
             started_at=factory.LazyFunction(timezone.now),
         )
         expired = factory.Trait(
@@ -38,7 +40,9 @@ class JobFactory(factory.django.DjangoModelFactory):
             attempt=1,
             lease_owner="worker-a",
             lease_version=1,
-            lease_expires_at=factory.LazyFunction(lambda: timezone.now() - timezone.timedelta(seconds=1)),
+            lease_expires_at=factory.LazyFunction(
+                lambda: timezone.now() - timezone.timedelta(seconds=1)
+            ),
             started_at=factory.LazyFunction(timezone.now),
         )
         completed = factory.Trait(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -75,12 +76,12 @@ def start_worker(*args: str, log: Path | None = None) -> subprocess.Popen[bytes]
     )
 
 
-def stop_process(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM, timeout: float = 30) -> int:
+def stop_process(
+    proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM, timeout: float = 30
+) -> int:
     if proc.poll() is None:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(proc.pid, sig)
-        except ProcessLookupError:
-            pass
     try:
         return proc.wait(timeout)
     except subprocess.TimeoutExpired:

@@ -2,12 +2,16 @@
 
 import datetime as dt
 
-import psycopg
 import pytest
 from django.db import connection, transaction
 from django.utils import timezone
 
-from django_conveyor.compat import InvalidTask, TaskResultDoesNotExist, TaskResultStatus, task_backends
+from django_conveyor.compat import (
+    InvalidTask,
+    TaskResultDoesNotExist,
+    TaskResultStatus,
+    task_backends,
+)
 from django_conveyor.dbconn import connect
 from django_conveyor.exceptions import ArgumentsNotSerializable
 from django_conveyor.models import Job
@@ -91,7 +95,10 @@ class TestEnqueueMany:
 
 class TestBadInput:
     def test_arguments_must_be_json(self):
-        with pytest.raises(ArgumentsNotSerializable, match=r"add\(\) args\[1\]\['when'\] is not JSON-serializable: datetime"):
+        with pytest.raises(
+            ArgumentsNotSerializable,
+            match=r"add\(\) args\[1\]\['when'\] is not JSON-serializable: datetime",
+        ):
             tasks.add.enqueue(1, {"when": timezone.now()})
         assert Job.objects.count() == 0
 

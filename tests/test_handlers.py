@@ -98,7 +98,11 @@ def test_atomic_effect_is_recorded_once_with_the_token():
     effect = Effect.objects.get(label="charge")
     assert (effect.job_id, effect.token) == (row.id, row.lease_version)
     entry = LedgerEntry.objects.get(job=row)
-    assert (entry.effect_key, entry.lease_version, entry.worker) == ("charge", row.lease_version, row.lease_owner)
+    assert (entry.effect_key, entry.lease_version, entry.worker) == (
+        "charge",
+        row.lease_version,
+        row.lease_owner,
+    )
 
 
 def test_unserializable_return_value_fails_the_job():
@@ -106,7 +110,10 @@ def test_unserializable_return_value_fails_the_job():
     run_burst()
     row = job(result)
     assert row.state == "failed"
-    assert row.errors[0]["exception_class_path"] == "django_conveyor.exceptions.ArgumentsNotSerializable"
+    assert (
+        row.errors[0]["exception_class_path"]
+        == "django_conveyor.exceptions.ArgumentsNotSerializable"
+    )
 
 
 def test_a_handler_calling_sys_exit_does_not_kill_the_slot():

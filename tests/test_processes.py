@@ -82,7 +82,11 @@ def test_sigstop_zombie_cannot_complete_or_apply_its_effect(procs, tmp_path):
     assert stop_process(zombie) == 0
     assert stop_process(rescuer) == 0
     after = Job.objects.get(pk=result.id)
-    assert (after.state, after.lease_owner, after.lease_version) == ("completed", done.lease_owner, done.lease_version)
+    assert (after.state, after.lease_owner, after.lease_version) == (
+        "completed",
+        done.lease_owner,
+        done.lease_version,
+    )
     assert after.return_value == done.return_value
     assert Effect.objects.filter(job_id=after.id).count() == 1
     assert Effect.objects.get(job_id=after.id).token == after.lease_version
@@ -93,7 +97,19 @@ def test_sigstop_zombie_cannot_complete_or_apply_its_effect(procs, tmp_path):
 
 def test_graceful_shutdown_hands_back_leases_at_once(procs, tmp_path):
     results = [tasks.sleeper.enqueue(30) for _ in range(6)]
-    proc = worker(procs, tmp_path, "w", "--concurrency", "2", "--prefetch", "2", "--shutdown-timeout", "0.5", "--lease", "60")
+    proc = worker(
+        procs,
+        tmp_path,
+        "w",
+        "--concurrency",
+        "2",
+        "--prefetch",
+        "2",
+        "--shutdown-timeout",
+        "0.5",
+        "--lease",
+        "60",
+    )
     wait_until(lambda: Job.objects.filter(state="running").count() == 4)
     started = time.monotonic()
     assert stop_process(proc, signal.SIGTERM) == 0
@@ -127,7 +143,9 @@ def test_supervisor_restarts_a_dead_process(procs, tmp_path):
     proc = worker(procs, tmp_path, "sup", "--processes", "2")
     children = wait_until(lambda: child_pids(proc.pid) if len(child_pids(proc.pid)) == 2 else None)
     os.kill(children[0], signal.SIGKILL)
-    replaced = wait_until(lambda: (c := child_pids(proc.pid)) and len(c) == 2 and children[0] not in c and c)
+    replaced = wait_until(
+        lambda: (c := child_pids(proc.pid)) and len(c) == 2 and children[0] not in c and c
+    )
     assert children[1] in replaced
     result = tasks.add.enqueue(2, 2)
     wait_until(lambda: Job.objects.get(pk=result.id).state == "completed")

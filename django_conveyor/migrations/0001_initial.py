@@ -5,85 +5,160 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
-    dependencies = [
-    ]
+    dependencies = []
 
     operations = [
         migrations.CreateModel(
-            name='Queue',
+            name="Queue",
             fields=[
-                ('name', models.CharField(max_length=64, primary_key=True, serialize=False)),
-                ('paused', models.BooleanField(default=False)),
-                ('paused_at', models.DateTimeField(blank=True, null=True)),
+                ("name", models.CharField(max_length=64, primary_key=True, serialize=False)),
+                ("paused", models.BooleanField(default=False)),
+                ("paused_at", models.DateTimeField(blank=True, null=True)),
             ],
             options={
-                'db_table': 'conveyor_queue',
-                'ordering': ['name'],
+                "db_table": "conveyor_queue",
+                "ordering": ["name"],
             },
         ),
         migrations.CreateModel(
-            name='Job',
+            name="Job",
             fields=[
-                ('id', models.BigAutoField(primary_key=True, serialize=False)),
-                ('task_path', models.CharField(max_length=255)),
-                ('args', models.JSONField(default=list)),
-                ('kwargs', models.JSONField(default=dict)),
-                ('queue', models.CharField(default='default', max_length=64)),
-                ('backend', models.CharField(default='default', max_length=64)),
-                ('priority', models.SmallIntegerField(default=0)),
-                ('state', models.CharField(choices=[('blocked', 'Blocked'), ('available', 'Available'), ('running', 'Running'), ('completed', 'Completed'), ('failed', 'Failed'), ('dead', 'Dead'), ('cancelled', 'Cancelled')], default='available', max_length=16)),
-                ('attempt', models.IntegerField(default=0)),
-                ('max_attempts', models.IntegerField(default=5)),
-                ('run_after', models.DateTimeField()),
-                ('lease_owner', models.CharField(blank=True, max_length=64, null=True)),
-                ('lease_version', models.BigIntegerField(default=0)),
-                ('lease_expires_at', models.DateTimeField(blank=True, null=True)),
-                ('idempotency_key', models.CharField(blank=True, max_length=255, null=True, unique=True)),
-                ('errors', models.JSONField(blank=True, default=list)),
-                ('return_value', models.JSONField(blank=True, null=True)),
-                ('enqueued_at', models.DateTimeField()),
-                ('started_at', models.DateTimeField(blank=True, null=True)),
-                ('finished_at', models.DateTimeField(blank=True, null=True)),
+                ("id", models.BigAutoField(primary_key=True, serialize=False)),
+                ("task_path", models.CharField(max_length=255)),
+                ("args", models.JSONField(default=list)),
+                ("kwargs", models.JSONField(default=dict)),
+                ("queue", models.CharField(default="default", max_length=64)),
+                ("backend", models.CharField(default="default", max_length=64)),
+                ("priority", models.SmallIntegerField(default=0)),
+                (
+                    "state",
+                    models.CharField(
+                        choices=[
+                            ("blocked", "Blocked"),
+                            ("available", "Available"),
+                            ("running", "Running"),
+                            ("completed", "Completed"),
+                            ("failed", "Failed"),
+                            ("dead", "Dead"),
+                            ("cancelled", "Cancelled"),
+                        ],
+                        default="available",
+                        max_length=16,
+                    ),
+                ),
+                ("attempt", models.IntegerField(default=0)),
+                ("max_attempts", models.IntegerField(default=5)),
+                ("run_after", models.DateTimeField()),
+                ("lease_owner", models.CharField(blank=True, max_length=64, null=True)),
+                ("lease_version", models.BigIntegerField(default=0)),
+                ("lease_expires_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "idempotency_key",
+                    models.CharField(blank=True, max_length=255, null=True, unique=True),
+                ),
+                ("errors", models.JSONField(blank=True, default=list)),
+                ("return_value", models.JSONField(blank=True, null=True)),
+                ("enqueued_at", models.DateTimeField()),
+                ("started_at", models.DateTimeField(blank=True, null=True)),
+                ("finished_at", models.DateTimeField(blank=True, null=True)),
             ],
             options={
-                'db_table': 'conveyor_job',
-                'ordering': ['-id'],
-                'indexes': [models.Index(models.OrderBy(models.F('priority'), descending=True), models.F('run_after'), models.F('id'), condition=models.Q(('state', 'available')), name='conveyor_job_claim_idx'), models.Index(models.F('lease_expires_at'), condition=models.Q(('state', 'running')), name='conveyor_job_reap_idx'), models.Index(models.F('finished_at'), condition=models.Q(('state__in', ['completed', 'failed', 'dead', 'cancelled'])), name='conveyor_job_finished_idx'), models.Index(models.F('state'), models.F('queue'), name='conveyor_job_state_queue_idx')],
-                'constraints': [models.CheckConstraint(condition=models.Q(('priority__gte', -100), ('priority__lte', 100)), name='conveyor_job_priority_range'), models.CheckConstraint(condition=models.Q(('state__in', ['blocked', 'available', 'running', 'completed', 'failed', 'dead', 'cancelled'])), name='conveyor_job_state_valid'), models.CheckConstraint(condition=models.Q(('max_attempts__gte', 1)), name='conveyor_job_max_attempts_positive')],
+                "db_table": "conveyor_job",
+                "ordering": ["-id"],
+                "indexes": [
+                    models.Index(
+                        models.OrderBy(models.F("priority"), descending=True),
+                        models.F("run_after"),
+                        models.F("id"),
+                        condition=models.Q(("state", "available")),
+                        name="conveyor_job_claim_idx",
+                    ),
+                    models.Index(
+                        models.F("lease_expires_at"),
+                        condition=models.Q(("state", "running")),
+                        name="conveyor_job_reap_idx",
+                    ),
+                    models.Index(
+                        models.F("finished_at"),
+                        condition=models.Q(
+                            ("state__in", ["completed", "failed", "dead", "cancelled"])
+                        ),
+                        name="conveyor_job_finished_idx",
+                    ),
+                    models.Index(
+                        models.F("state"), models.F("queue"), name="conveyor_job_state_queue_idx"
+                    ),
+                ],
+                "constraints": [
+                    models.CheckConstraint(
+                        condition=models.Q(("priority__gte", -100), ("priority__lte", 100)),
+                        name="conveyor_job_priority_range",
+                    ),
+                    models.CheckConstraint(
+                        condition=models.Q(
+                            (
+                                "state__in",
+                                [
+                                    "blocked",
+                                    "available",
+                                    "running",
+                                    "completed",
+                                    "failed",
+                                    "dead",
+                                    "cancelled",
+                                ],
+                            )
+                        ),
+                        name="conveyor_job_state_valid",
+                    ),
+                    models.CheckConstraint(
+                        condition=models.Q(("max_attempts__gte", 1)),
+                        name="conveyor_job_max_attempts_positive",
+                    ),
+                ],
             },
         ),
         migrations.CreateModel(
-            name='DeadLetter',
-            fields=[
-            ],
+            name="DeadLetter",
+            fields=[],
             options={
-                'verbose_name': 'dead letter',
-                'verbose_name_plural': 'dead letters (failed and dead jobs)',
-                'proxy': True,
-                'indexes': [],
-                'constraints': [],
+                "verbose_name": "dead letter",
+                "verbose_name_plural": "dead letters (failed and dead jobs)",
+                "proxy": True,
+                "indexes": [],
+                "constraints": [],
             },
-            bases=('conveyor.job',),
+            bases=("conveyor.job",),
         ),
         migrations.CreateModel(
-            name='LedgerEntry',
+            name="LedgerEntry",
             fields=[
-                ('id', models.BigAutoField(primary_key=True, serialize=False)),
-                ('effect_key', models.CharField(max_length=255)),
-                ('lease_version', models.BigIntegerField()),
-                ('worker', models.CharField(max_length=64)),
-                ('applied_at', models.DateTimeField()),
-                ('job', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='ledger_entries', to='conveyor.job')),
+                ("id", models.BigAutoField(primary_key=True, serialize=False)),
+                ("effect_key", models.CharField(max_length=255)),
+                ("lease_version", models.BigIntegerField()),
+                ("worker", models.CharField(max_length=64)),
+                ("applied_at", models.DateTimeField()),
+                (
+                    "job",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="ledger_entries",
+                        to="conveyor.job",
+                    ),
+                ),
             ],
             options={
-                'verbose_name': 'ledger entry',
-                'verbose_name_plural': 'ledger entries',
-                'db_table': 'conveyor_ledger',
-                'ordering': ['-id'],
-                'constraints': [models.UniqueConstraint(fields=('job', 'effect_key'), name='conveyor_ledger_once')],
+                "verbose_name": "ledger entry",
+                "verbose_name_plural": "ledger entries",
+                "db_table": "conveyor_ledger",
+                "ordering": ["-id"],
+                "constraints": [
+                    models.UniqueConstraint(
+                        fields=("job", "effect_key"), name="conveyor_ledger_once"
+                    )
+                ],
             },
         ),
     ]

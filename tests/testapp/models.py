@@ -11,3 +11,6 @@ class Effect(models.Model):
 
     class Meta:
         app_label = "testapp"
+
+    def __str__(self) -> str:
+        return f"{self.label} of job {self.job_id} (token {self.token})"

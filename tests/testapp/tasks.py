@@ -77,7 +77,9 @@ def discard_me(reason):
 @task(takes_context=True)
 def snooze_once(context, seconds):
     if not Effect.objects.filter(label=f"snoozed-{context.job_id}").exists():
-        Effect.objects.create(job_id=context.job_id, token=context.token, worker="", label=f"snoozed-{context.job_id}")
+        Effect.objects.create(
+            job_id=context.job_id, token=context.token, worker="", label=f"snoozed-{context.job_id}"
+        )
         raise Snooze(seconds)
     return context.attempt
 

@@ -68,26 +68,69 @@ class Command(BaseCommand):
             default=None,
             help="Comma-separated queues to work (default: every queue of the backend's QUEUES).",
         )
-        parser.add_argument("--concurrency", type=positive_int, default=4, help="Handler slots per process (default 4).")
-        parser.add_argument("--processes", type=positive_int, default=1, help="Worker processes to supervise (default 1).")
+        parser.add_argument(
+            "--concurrency",
+            type=positive_int,
+            default=4,
+            help="Handler slots per process (default 4).",
+        )
+        parser.add_argument(
+            "--processes",
+            type=positive_int,
+            default=1,
+            help="Worker processes to supervise (default 1).",
+        )
         parser.add_argument(
             "--burst", "--batch", dest="burst", action="store_true",
             help="Work until no job is ready and none is held, then exit 0.",
         )  # fmt: skip
-        parser.add_argument("--lease", type=positive_seconds, default=None, help="Lease length in seconds (default CONVEYOR['LEASE_SECONDS']).")
+        parser.add_argument(
+            "--lease",
+            type=positive_seconds,
+            default=None,
+            help="Lease length in seconds (default CONVEYOR['LEASE_SECONDS']).",
+        )
         parser.add_argument(
             "--shutdown-timeout", type=non_negative_seconds, default=None,
-            help="Seconds in-flight handlers get after SIGTERM before their leases are handed back.",
+            help="Seconds in-flight handlers get after SIGTERM before leases are handed back.",
         )  # fmt: skip
         parser.add_argument(
             "--poll-only", action="store_true",
             help="Never LISTEN; poll only (for PgBouncer in transaction mode).",
         )  # fmt: skip
-        parser.add_argument("--interval", "--poll", dest="poll", type=positive_seconds, default=None, help="Idle poll interval in seconds.")
-        parser.add_argument("--prefetch", type=int, default=None, help="Jobs claimed ahead beyond busy slots (default: concurrency).")
-        parser.add_argument("--max-tasks", "--max-jobs", dest="max_jobs", type=positive_int, default=None, help="Exit after this many attempts.")
-        parser.add_argument("--worker-id", type=worker_id, default=None, help="Worker id (default: host:pid:random).")
-        parser.add_argument("--backend", default="default", help="The TASKS alias whose queues to work (default 'default').")
+        parser.add_argument(
+            "--interval",
+            "--poll",
+            dest="poll",
+            type=positive_seconds,
+            default=None,
+            help="Idle poll interval in seconds.",
+        )
+        parser.add_argument(
+            "--prefetch",
+            type=int,
+            default=None,
+            help="Jobs claimed ahead beyond busy slots (default: concurrency).",
+        )
+        parser.add_argument(
+            "--max-tasks",
+            "--max-jobs",
+            dest="max_jobs",
+            type=positive_int,
+            default=None,
+            help="Exit after this many attempts.",
+        )
+        parser.add_argument(
+            "--worker-id",
+            type=worker_id,
+            default=None,
+            help="Worker id (default: host:pid:random).",
+        )
+        parser.add_argument(
+            "--backend",
+            default="default",
+            help="The TASKS alias whose queues to work (default 'default').",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         configure_logging(options["verbosity"])
@@ -104,7 +147,9 @@ class Command(BaseCommand):
         if options["prefetch"] is not None and options["prefetch"] < 0:
             raise CommandError("--prefetch must be zero or more.")
         if options["worker_id"] and options["processes"] > 1:
-            raise CommandError("--worker-id names one process; it cannot be used with --processes > 1.")
+            raise CommandError(
+                "--worker-id names one process; it cannot be used with --processes > 1."
+            )
         worker_options = WorkerOptions(
             queues=tuple(queues),
             concurrency=options["concurrency"],
@@ -146,7 +191,9 @@ def configure_logging(verbosity: int) -> None:
     if logger.handlers or logging.getLogger().handlers:
         return
     handler = logging.StreamHandler()
-    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(process)d %(message)s"))
+    handler.setFormatter(
+        logging.Formatter("%(asctime)s %(levelname)s %(name)s %(process)d %(message)s")
+    )
     logger.addHandler(handler)
     logger.setLevel({0: logging.WARNING, 1: logging.INFO}.get(verbosity, logging.DEBUG))
     conveyor_settings()  # Fail early on a bad CONVEYOR setting.

@@ -1,0 +1,259 @@
+"""Each protocol statement on its own: happy path, stale token, wrong state.
+
+These run the SQL of `protocol.py` directly against the real database; the
+names follow the spec's actions.
+"""
+
+import datetime as dt
+
+import pytest
+from django.db import connection, transaction
+from django.utils import timezone
+
+from django_conveyor import protocol
+from django_conveyor.models import Job
+from django_conveyor.operations import pause
+from tests.factories import JobFactory
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+OWNER = "worker-a"
+
+
+@pytest.fixture
+def cur():
+    with connection.cursor() as cursor:
+        yield cursor
+
+
+def row(job) -> Job:
+    return Job.objects.get(pk=job.id)
+
+
+def claim(cur, owner=OWNER, limit=10, queues=("default",)):
+    return protocol.claim(cur, owner=owner, queues=queues, limit=limit, lease_seconds=30)
+
+
+class TestClaim:
+    def test_claims_bump_the_token_and_set_the_lease(self, cur):
+        job = JobFactory(lease_version=4)
+        [lease] = claim(cur)
+        after = row(job)
+        assert (lease.id, lease.version, lease.attempt) == (job.id, 5, 1)
+        assert (after.state, after.lease_owner, after.lease_version) == ("running", OWNER, 5)
+        assert after.lease_expires_at > timezone.now() + dt.timedelta(seconds=25)
+
+    def test_respects_limit_queue_run_after_and_pause(self, cur):
+        JobFactory.create_batch(3)
+        JobFactory(queue="emails")
+        JobFactory(run_after=timezone.now() + dt.timedelta(hours=1))
+        assert len(claim(cur, limit=2)) == 2
+        assert len(claim(cur, limit=10)) == 1
+        pause(["emails"])
+        assert claim(cur, queues=("emails",)) == []
+
+    def test_skips_rows_locked_by_another_claimer(self, cur):
+        JobFactory.create_batch(2)
+        from django_conveyor.dbconn import connect
+
+        with connect("default") as other, other.transaction():
+            other.execute("SELECT id FROM conveyor_job ORDER BY id LIMIT 1 FOR UPDATE")
+            assert len(claim(cur)) == 1  # the locked row is skipped, not waited on
+
+    @pytest.mark.parametrize(
+        "trait", ["running", "completed", "failed", "dead", "cancelled", "blocked"]
+    )
+    def test_only_available_jobs_are_claimed(self, cur, trait):
+        JobFactory(**{trait: True})
+        assert claim(cur) == []
+
+
+class TestHeartbeat:
+    def test_renews_only_matching_leases(self, cur):
+        mine = JobFactory(running=True, lease_version=2)
+        stale = JobFactory(running=True, lease_version=3)
+        renewed = protocol.heartbeat(
+            cur, owner=OWNER, held=[(mine.id, 2), (stale.id, 2)], lease_seconds=120
+        )
+        assert renewed == {mine.id}
+        assert row(mine).lease_expires_at > timezone.now() + dt.timedelta(seconds=100)
+        assert row(stale).lease_expires_at < timezone.now() + dt.timedelta(seconds=60)
+
+    def test_other_owner_or_state_is_not_renewed(self, cur):
+        theirs = JobFactory(running=True, lease_owner="worker-b")
+        done = JobFactory(completed=True)
+        assert (
+            protocol.heartbeat(
+                cur, owner=OWNER, held=[(theirs.id, 1), (done.id, 1)], lease_seconds=30
+            )
+            == set()
+        )
+
+
+class GuardedOutcome:
+    """Shared cases: every outcome write is fenced by state, owner and version."""
+
+    def write(self, cur, job_id, version, owner=OWNER):
+        raise NotImplementedError
+
+    def test_stale_token_writes_nothing(self, cur):
+        job = JobFactory(running=True, lease_version=7)
+        assert not self.write(cur, job.id, 6)
+        assert row(job).state == "running"
+
+    def test_other_owner_writes_nothing(self, cur):
+        job = JobFactory(running=True)
+        assert not self.write(cur, job.id, 1, owner="worker-b")
+        assert row(job).state == "running"
+
+    @pytest.mark.parametrize("trait", ["completed", "failed", "dead", "cancelled"])
+    def test_wrong_state_writes_nothing(self, cur, trait):
+        job = JobFactory(**{trait: True})
+        before = row(job)
+        assert not self.write(cur, job.id, before.lease_version)
+        assert row(job).state == before.state
+
+
+class TestComplete(GuardedOutcome):
+    def write(self, cur, job_id, version, owner=OWNER):
+        return protocol.complete(cur, owner=owner, done=[(job_id, version, {"ok": True})])
+
+    def test_completes_with_the_return_value(self, cur):
+        job = JobFactory(running=True)
+        assert self.write(cur, job.id, 1) == {job.id}
+        after = row(job)
+        assert (after.state, after.return_value) == ("completed", {"ok": True})
+        assert after.finished_at is not None and after.lease_expires_at is None
+
+
+class TestRetry(GuardedOutcome):
+    error = {"exception_class_path": "builtins.ValueError", "traceback": "tb"}
+
+    def write(self, cur, job_id, version, owner=OWNER):
+        return protocol.retry(cur, owner=owner, failures=[(job_id, version, 60.0, self.error)])
+
+    def test_back_to_available_later_with_the_error(self, cur):
+        job = JobFactory(running=True)
+        assert self.write(cur, job.id, 1) == {job.id: "available"}
+        after = row(job)
+        assert after.state == "available"
+        assert after.run_after > timezone.now() + dt.timedelta(seconds=50)
+        [entry] = after.errors
+        assert (entry["attempt"], entry["worker"], entry["token"]) == (1, OWNER, 1)
+
+    def test_dead_when_attempts_are_used_up(self, cur):
+        job = JobFactory(running=True, attempt=3, max_attempts=3)
+        assert self.write(cur, job.id, 1) == {job.id: "dead"}
+        assert row(job).finished_at is not None
+
+
+class TestFail(GuardedOutcome):
+    def write(self, cur, job_id, version, owner=OWNER):
+        error = {"exception_class_path": "django_conveyor.exceptions.Discard", "traceback": "tb"}
+        return protocol.fail(cur, owner=owner, failures=[(job_id, version, error)])
+
+    def test_fails_at_once(self, cur):
+        job = JobFactory(running=True, max_attempts=10)
+        assert self.write(cur, job.id, 1) == {job.id}
+        assert row(job).state == "failed"
+
+
+class TestSnooze(GuardedOutcome):
+    def write(self, cur, job_id, version, owner=OWNER):
+        return protocol.snooze(cur, owner=owner, snoozed=[(job_id, version, 30.0)])
+
+    def test_gives_the_attempt_back(self, cur):
+        job = JobFactory(running=True, attempt=2)
+        assert self.write(cur, job.id, 1) == {job.id}
+        after = row(job)
+        assert (after.state, after.attempt, after.errors) == ("available", 1, [])
+
+
+class TestRelease(GuardedOutcome):
+    def write(self, cur, job_id, version, owner=OWNER):
+        return protocol.release(cur, owner=owner, held=[(job_id, version)])
+
+    def test_hands_back_at_once(self, cur):
+        job = JobFactory(running=True)
+        assert self.write(cur, job.id, 1) == {job.id}
+        after = row(job)
+        assert (after.state, after.attempt, after.lease_expires_at) == ("available", 0, None)
+        assert after.run_after <= timezone.now()
+
+
+class TestLockForEffect(GuardedOutcome):
+    def write(self, cur, job_id, version, owner=OWNER):
+        return protocol.lock_for_effect(cur, job_id=job_id, owner=owner, version=version)
+
+    def test_locks_the_row_so_the_reaper_skips_it(self, cur):
+        job = JobFactory(expired=True)
+        from django_conveyor.dbconn import connect
+
+        with transaction.atomic():
+            assert self.write(cur, job.id, 1)
+            with connect("default") as other:
+                assert protocol.reap(other.cursor()) == []  # locked: skipped
+        with connect("default") as other:
+            assert [r.id for r in protocol.reap(other.cursor())] == [job.id]
+
+
+class TestReap:
+    def test_expired_lease_goes_back_with_a_lost_lease_error(self, cur):
+        job = JobFactory(expired=True)
+        live = JobFactory(running=True)
+        [reaped] = protocol.reap(cur)
+        assert (reaped.id, reaped.state, reaped.owner, reaped.version) == (
+            job.id,
+            "available",
+            OWNER,
+            1,
+        )
+        after = row(job)
+        assert after.state == "available"
+        assert after.errors[0]["exception_class_path"] == "django_conveyor.exceptions.LeaseLost"
+        assert row(live).state == "running"
+
+    def test_dead_when_attempts_are_used_up(self, cur):
+        job = JobFactory(expired=True, attempt=3, max_attempts=3)
+        protocol.reap(cur)
+        assert row(job).state == "dead"
+
+    def test_zombie_writes_after_reap_and_reclaim_are_rejected(self, cur):
+        job = JobFactory(expired=True)
+        protocol.reap(cur)
+        [lease] = claim(cur, owner="worker-b")
+        assert lease.version == 2
+        assert protocol.complete(cur, owner=OWNER, done=[(job.id, 1, "zombie")]) == set()
+        assert protocol.heartbeat(cur, owner=OWNER, held=[(job.id, 1)], lease_seconds=30) == set()
+        assert protocol.complete(cur, owner="worker-b", done=[(job.id, 2, "fresh")]) == {job.id}
+        assert row(job).return_value == "fresh"
+
+
+class TestRequeueAndCancel:
+    @pytest.mark.parametrize("trait", ["failed", "dead", "cancelled"])
+    def test_requeue_final_failures(self, cur, trait):
+        job = JobFactory(**{trait: True})
+        assert protocol.requeue(cur, ids=[job.id]) == [job.id]
+        assert (row(job).state, row(job).attempt) == ("available", 0)
+
+    @pytest.mark.parametrize("trait", ["running", "completed"])
+    def test_requeue_refuses_others(self, cur, trait):
+        job = JobFactory(**{trait: True})
+        assert protocol.requeue(cur, ids=[job.id]) == []
+
+    def test_cancel_only_unstarted(self, cur):
+        waiting, blocked, running = JobFactory(), JobFactory(blocked=True), JobFactory(running=True)
+        assert sorted(protocol.cancel(cur, ids=[waiting.id, blocked.id, running.id])) == sorted(
+            [waiting.id, blocked.id]
+        )
+        assert row(running).state == "running"
+
+
+def test_every_state_change_is_a_named_action():
+    """A cheap guard that the module and the spec keep the same action names."""
+    assert set(protocol.ACTIONS) >= {
+        "ENQUEUE", "CLAIM", "HEARTBEAT", "COMPLETE", "RETRY", "FAIL", "SNOOZE",
+        "RELEASE", "LOCK_FOR_EFFECT", "REAP", "REQUEUE", "CANCEL",
+    }  # fmt: skip
+    for name in protocol.ACTIONS:
+        assert isinstance(getattr(protocol, name), str), name
