@@ -24,7 +24,6 @@ DEFAULT_SHUTDOWN_TIMEOUT_SECONDS = 30.0
 DEFAULT_MAX_ATTEMPTS = 5
 DEFAULT_BACKOFF_BASE_SECONDS = 1.0
 DEFAULT_BACKOFF_CAP_SECONDS = 600.0
-DEFAULT_PREFETCH = 0  # 0: as many as the worker has slots
 DEFAULT_RETENTION_SECONDS = 7 * 24 * 3600.0
 
 
@@ -39,24 +38,29 @@ class ConveyorSettings:
     MAX_ATTEMPTS: int = DEFAULT_MAX_ATTEMPTS  # Attempts before a job is dead.
     BACKOFF_BASE_SECONDS: float = DEFAULT_BACKOFF_BASE_SECONDS  # First retry's ceiling.
     BACKOFF_CAP_SECONDS: float = DEFAULT_BACKOFF_CAP_SECONDS  # No retry waits longer.
-    PREFETCH: int = DEFAULT_PREFETCH  # Claimed-ahead jobs beyond the busy slots.
+    PREFETCH: int | None = None  # Jobs claimed ahead of free slots; None adapts.
     NOTIFY: bool = True  # Send NOTIFY inside the enqueue transaction.
     LISTEN: bool = True  # False: poll only (for poolers that break LISTEN).
     LISTENER_DSN: str | None = None  # Direct connection for LISTEN, bypassing a pooler.
     RETENTION_SECONDS: float = DEFAULT_RETENTION_SECONDS  # Finished jobs kept by pruning.
 
 
+_NUMBER = (int, float)
 SETTING_TYPES: dict[str, tuple[type, ...]] = {
-    f.name: (bool,)
-    if f.type == "bool"
-    else (int,)
-    if f.type == "int"
-    else (int, float)
-    if f.type == "float"
-    else (str, type(None))
-    if "None" in str(f.type)
-    else (str,)
-    for f in fields(ConveyorSettings)
+    "DATABASE": (str,),
+    "LEASE_SECONDS": _NUMBER,
+    "HEARTBEAT_SECONDS": _NUMBER,
+    "POLL_SECONDS": _NUMBER,
+    "REAP_SECONDS": _NUMBER,
+    "SHUTDOWN_TIMEOUT_SECONDS": _NUMBER,
+    "MAX_ATTEMPTS": (int,),
+    "BACKOFF_BASE_SECONDS": _NUMBER,
+    "BACKOFF_CAP_SECONDS": _NUMBER,
+    "PREFETCH": (int, type(None)),
+    "NOTIFY": (bool,),
+    "LISTEN": (bool,),
+    "LISTENER_DSN": (str, type(None)),
+    "RETENTION_SECONDS": _NUMBER,
 }
 
 

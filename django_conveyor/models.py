@@ -30,9 +30,7 @@ class Job(models.Model):
     lease_version = models.BigIntegerField(default=0)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
     # NULL, not "", so that unkeyed jobs never collide in the unique index.
-    idempotency_key = models.CharField(
-        max_length=255, null=True, blank=True, unique=True
-    )
+    idempotency_key = models.CharField(max_length=255, null=True, blank=True, unique=True)
     errors = models.JSONField(default=list, blank=True)
     return_value = models.JSONField(null=True, blank=True)
     enqueued_at = models.DateTimeField()

@@ -39,6 +39,8 @@ logger = logging.getLogger("django_conveyor.worker")
 
 RECONNECT_BACKOFF_SECONDS = (0.2, 0.5, 1.0, 2.0, 5.0)
 REAP_BATCH = 500
+CLAIM_AHEAD_SECONDS = 0.005  # Buffered work per slot: about one claim round trip.
+MAX_PREFETCH = 256
 EXIT_OK = 0
 EXIT_ERROR = 1
 
@@ -95,12 +97,13 @@ class Worker:
         )
         self.poll_seconds = options.poll_seconds or settings.POLL_SECONDS
         self.reap_seconds = settings.REAP_SECONDS
-        prefetch = settings.PREFETCH if options.prefetch is None else options.prefetch
-        self.prefetch = prefetch or options.concurrency
+        self.fixed_prefetch = settings.PREFETCH if options.prefetch is None else options.prefetch
+        self.avg_duration: float | None = None  # EWMA of handler seconds, for adaptive prefetch
         self.listen = settings.LISTEN if options.listen is None else options.listen
         self.listener_dsn = settings.LISTENER_DSN
 
         self.held: dict[int, Held] = {}
+        self.pending: dict[str, list[Outcome]] = {}  # Outcomes not yet committed.
         self.ready: queue.SimpleQueue[Held | None] = queue.SimpleQueue()
         self.outcomes: queue.SimpleQueue[Outcome] = queue.SimpleQueue()
         self.wake_event = threading.Event()
@@ -182,7 +185,6 @@ class Worker:
             self.wake_event.clear()  # Wake-ups during this pass keep the next wait short.
             try:
                 self.ensure_connection()
-                self.flush_outcomes()
                 now = time.monotonic()
                 if now >= next_heartbeat:
                     self.heartbeat()
@@ -191,7 +193,7 @@ class Worker:
                     self.reap()
                     next_reap = now + self.reap_seconds
                 self.expire_timeouts()
-                claimed = self.claim()
+                claimed = self.cycle()
                 failures = 0
             except psycopg.OperationalError as exc:
                 delay = RECONNECT_BACKOFF_SECONDS[min(failures, len(RECONNECT_BACKOFF_SECONDS) - 1)]
@@ -216,7 +218,7 @@ class Worker:
         """Nothing held, nothing running, nothing left to write."""
         with self.busy_lock:
             busy = self.busy_slots
-        return not self.held and not busy and self.outcomes.empty()
+        return not self.held and not busy and self.outcomes.empty() and not self.pending
 
     def ensure_connection(self) -> None:
         if self.conn is None or self.conn.closed:
@@ -232,32 +234,26 @@ class Worker:
         assert self.conn is not None
         return self.conn.cursor()
 
+    def prefetch(self) -> int:
+        """How many claimed jobs may wait for a slot.
+
+        Unless fixed, the buffer holds about CLAIM_AHEAD_SECONDS of work per
+        slot: enough that a slot never waits for a claim's round trip and
+        commit when jobs are short, and about nothing when they are long, so
+        a worker does not hoard slow jobs that an idle peer could run.
+        """
+        if self.fixed_prefetch is not None:
+            return self.fixed_prefetch
+        if self.avg_duration is None:
+            return self.concurrency
+        per_slot = CLAIM_AHEAD_SECONDS / max(self.avg_duration, 1e-6)
+        return max(1, min(MAX_PREFETCH, int(self.concurrency * per_slot)))
+
     def free_slots(self) -> int:
         with self.busy_lock:
             busy = self.busy_slots
-        waiting = sum(1 for h in self.held.values() if h.started_at is None)
-        return max(0, self.concurrency - busy) + self.prefetch - waiting
-
-    def claim(self) -> int:
-        if self.stopping.is_set():
-            return 0
-        limit = self.free_slots()
-        if limit <= 0:
-            return 0
-        with self.cursor() as cur:
-            leases = protocol.claim(
-                cur,
-                owner=self.worker_id,
-                queues=self.queues,
-                limit=limit,
-                lease_seconds=self.lease_seconds,
-            )
-        for lease in leases:
-            held = Held(lease, LeaseState(self.worker_id, lease.version))
-            self.held[lease.id] = held
-            self.ready.put(held)
-        self.stats.add("claimed", len(leases))
-        return len(leases)
+        waiting = self.ready.qsize()
+        return max(0, self.concurrency - busy) + self.prefetch() - waiting
 
     def heartbeat(self) -> None:
         if not self.held:
@@ -332,14 +328,13 @@ class Worker:
 
     # -- outcomes -------------------------------------------------------------
 
-    def flush_outcomes(self) -> None:
-        """Write every finished attempt's outcome, batched by kind, each row fenced."""
-        batch: dict[str, list[Outcome]] = {}
+    def collect_outcomes(self) -> None:
+        """Move finished attempts into `pending`, dropping those whose lease is gone."""
         while True:
             try:
                 outcome = self.outcomes.get_nowait()
             except queue.Empty:
-                break
+                return
             self.finished_attempts += 1
             current = self.held.get(outcome.lease.id)
             stale = current is None or current.lease.version != outcome.lease.version
@@ -355,69 +350,77 @@ class Worker:
                     outcome.kind,
                 )
                 continue
-            batch.setdefault(outcome.kind, []).append(outcome)
-        if not batch:
-            return
-        with self.cursor() as cur:
-            for kind, outcomes in batch.items():
-                written = self.write(cur, kind, outcomes)
-                for o in outcomes:
-                    self.held.pop(o.lease.id, None)
-                    if o.lease.id not in written:
-                        self.stats.add("stale_outcomes")
-                        log_job(
-                            logger,
-                            logging.WARNING,
-                            o.lease,
-                            "stale outcome (%s) rejected by the fence",
-                            kind,
-                        )
+            self.pending.setdefault(outcome.kind, []).append(outcome)
 
-    def write(self, cur: psycopg.Cursor, kind: str, outcomes: list[Outcome]) -> set[int]:
+    def cycle(self, *, claim: bool = True) -> int:
+        """Write pending outcomes and claim new work in one transaction: one commit.
+
+        Outcomes stay pending until the commit succeeds, so a connection lost
+        mid-cycle only means the same guarded writes are sent again.
+        """
+        self.collect_outcomes()
+        limit = self.free_slots() if claim and not self.stopping.is_set() else 0
+        if not self.pending and limit <= 0:
+            return 0
+        assert self.conn is not None
+        with self.conn.transaction(), self.conn.cursor() as cur:
+            written = {kind: self.write(cur, kind, batch) for kind, batch in self.pending.items()}
+            leases = (
+                protocol.claim(
+                    cur,
+                    owner=self.worker_id,
+                    queues=self.queues,
+                    limit=limit,
+                    lease_seconds=self.lease_seconds,
+                )
+                if limit > 0
+                else []
+            )
+        self.settle(written)
+        for lease in leases:
+            held = Held(lease, LeaseState(self.worker_id, lease.version))
+            self.held[lease.id] = held
+            self.ready.put(held)
+        self.stats.add("claimed", len(leases))
+        return len(leases)
+
+    def settle(self, written: dict[str, dict[int, str]]) -> None:
+        """After the commit: forget the written leases, count, log what was refused."""
+        for kind, batch in self.pending.items():
+            results = written[kind]
+            for o in batch:
+                self.held.pop(o.lease.id, None)
+                label = results.get(o.lease.id)
+                if label is None:
+                    self.stats.add("stale_outcomes")
+                    log_job(logger, logging.WARNING, o.lease, "stale outcome (%s) refused", kind)
+                else:
+                    self.stats.add(label)
+        self.pending.clear()
+
+    def write(self, cur: psycopg.Cursor, kind: str, outcomes: list[Outcome]) -> dict[int, str]:
+        """One fenced statement for a batch of one kind; returns id -> what happened."""
         owner = self.worker_id
         if kind == executor.COMPLETE:
-            written = protocol.complete(
-                cur,
-                owner=owner,
-                done=[(o.lease.id, o.lease.version, o.return_value) for o in outcomes],
-            )
-            self.stats.add("completed", len(written))
-            return written
+            done = [(o.lease.id, o.lease.version, o.return_value) for o in outcomes]
+            return dict.fromkeys(protocol.complete(cur, owner=owner, done=done), "completed")
         if kind == executor.RETRY:
-            states = protocol.retry(
-                cur,
-                owner=owner,
-                failures=[(o.lease.id, o.lease.version, o.delay, o.error) for o in outcomes],
-            )
-            for state in states.values():
-                self.stats.add("dead" if state == "dead" else "retried")
-            return set(states)
+            failures = [(o.lease.id, o.lease.version, o.delay, o.error) for o in outcomes]
+            states = protocol.retry(cur, owner=owner, failures=failures)
+            return {i: "dead" if state == "dead" else "retried" for i, state in states.items()}
         if kind == executor.FAIL:
-            written = protocol.fail(
-                cur,
-                owner=owner,
-                failures=[(o.lease.id, o.lease.version, o.error) for o in outcomes],
-            )
-            self.stats.add("failed", len(written))
-            return written
+            failures = [(o.lease.id, o.lease.version, o.error) for o in outcomes]
+            return dict.fromkeys(protocol.fail(cur, owner=owner, failures=failures), "failed")
         if kind == executor.SNOOZE:
-            written = protocol.snooze(
-                cur, owner=owner, snoozed=[(o.lease.id, o.lease.version, o.delay) for o in outcomes]
-            )
-            self.stats.add("snoozed", len(written))
-            return written
+            snoozed = [(o.lease.id, o.lease.version, o.delay) for o in outcomes]
+            return dict.fromkeys(protocol.snooze(cur, owner=owner, snoozed=snoozed), "snoozed")
         if kind == executor.DONE_IN_ATOMIC:
             # context.atomic() already completed these; store what they returned.
-            protocol.record_result(
-                cur,
-                owner=owner,
-                done=[(o.lease.id, o.lease.version, o.return_value) for o in outcomes],
-            )
-            self.stats.add("completed", len(outcomes))
-            return {o.lease.id for o in outcomes}
+            done = [(o.lease.id, o.lease.version, o.return_value) for o in outcomes]
+            protocol.record_result(cur, owner=owner, done=done)
+            return {o.lease.id: "completed" for o in outcomes}
         # LOST: the guarded transaction refused the handler; nothing to write.
-        self.stats.add("stale_outcomes", len(outcomes))
-        return {o.lease.id for o in outcomes}
+        return {}
 
     # -- slots ----------------------------------------------------------------
 
@@ -438,8 +441,13 @@ class Worker:
             finally:
                 with self.busy_lock:
                     self.busy_slots -= 1
+            self.observe_duration(time.monotonic() - held.started_at)
             self.outcomes.put(outcome)
             self.wake_event.set()
+
+    def observe_duration(self, seconds: float) -> None:
+        previous = self.avg_duration
+        self.avg_duration = seconds if previous is None else previous + 0.1 * (seconds - previous)
 
     # -- shutdown -------------------------------------------------------------
 
@@ -451,7 +459,7 @@ class Worker:
         while self.held and time.monotonic() < deadline:
             try:
                 self.ensure_connection()
-                self.flush_outcomes()
+                self.cycle(claim=False)
                 if time.monotonic() >= next_heartbeat:
                     self.heartbeat()
                     next_heartbeat = time.monotonic() + self.heartbeat_seconds
@@ -463,7 +471,7 @@ class Worker:
             self.wake_event.clear()
         try:
             self.ensure_connection()
-            self.flush_outcomes()
+            self.cycle(claim=False)
             self.release(list(self.held.values()), reason="shutdown timeout reached")
         except psycopg.OperationalError as exc:
             logger.warning("could not hand back leases (%s): they will expire and be reaped", exc)
