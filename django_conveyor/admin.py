@@ -106,7 +106,9 @@ class ReadOnlyAdmin(admin.ModelAdmin):
         return False
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
-        return [f.name for f in self.model._meta.fields] + list(self.extra_readonly)
+        hidden = set(self.exclude or ())
+        fields = [f.name for f in self.model._meta.fields if f.name not in hidden]
+        return fields + list(self.extra_readonly)
 
     extra_readonly: tuple[str, ...] = ()
 

@@ -22,7 +22,7 @@ from .compat import (
     task_enqueued,
 )
 from .conf import conveyor_settings
-from .results import ConveyorTaskResult, result_from_job
+from .results import ConveyorTaskResult, parse_result_id, result_from_job, result_id
 from .serialization import json_round_trip
 from .tasks import ConveyorTask
 
@@ -35,10 +35,6 @@ class ConveyorBackend(BaseTaskBackend):
     supports_async_task = True
     supports_get_result = True
     supports_priority = True
-
-    @property
-    def database(self) -> str:
-        return self.options.get("DATABASE") or conveyor_settings().DATABASE
 
     def validate_task(self, task: Any) -> None:
         super().validate_task(task)
@@ -95,13 +91,14 @@ class ConveyorBackend(BaseTaskBackend):
         return self._insert(task, jobs) if jobs else []
 
     def _insert(self, task: Any, jobs: list[protocol.NewJob]) -> list[ConveyorTaskResult]:
-        with connections[self.database].cursor() as cursor:
+        database = conveyor_settings().database_for(task.queue_name)
+        with connections[database].cursor() as cursor:
             enqueued = protocol.enqueue(cursor, jobs, notify=conveyor_settings().NOTIFY)
         results = []
         for job, row in zip(jobs, enqueued, strict=True):
             result = ConveyorTaskResult(
                 task=task,
-                id=str(row.id),
+                id=result_id(database, row.id),
                 status=TaskResultStatus.READY,
                 enqueued_at=row.enqueued_at,
                 started_at=None,
@@ -125,11 +122,14 @@ class ConveyorBackend(BaseTaskBackend):
     def get_result(self, result_id: str) -> ConveyorTaskResult:
         from .models import Job
 
+        database, job_id = parse_result_id(result_id)
+        if database not in conveyor_settings().databases():
+            raise TaskResultDoesNotExist(f"No job has the id {result_id!r}.")
         try:
-            job = Job.objects.using(self.database).get(pk=int(result_id))
-        except (ValueError, TypeError, Job.DoesNotExist) as exc:
+            job = Job.objects.using(database).get(pk=job_id)
+        except Job.DoesNotExist as exc:
             raise TaskResultDoesNotExist(f"No job has the id {result_id!r}.") from exc
-        return result_from_job(job)
+        return result_from_job(job, database=database)
 
     def check(self, **kwargs: Any) -> Iterable[checks.CheckMessage]:
         if not apps.is_installed("django_conveyor"):

@@ -9,7 +9,13 @@ from typing import Any
 from django.conf import settings
 from django.core import checks
 
-from .conf import SETTING_TYPES, ConveyorSettings, raw_settings
+from .conf import (
+    DEFAULT_HEARTBEAT_SECONDS,
+    DEFAULT_LEASE_SECONDS,
+    SETTING_TYPES,
+    ConveyorSettings,
+    raw_settings,
+)
 
 
 def check_settings(**kwargs: Any) -> Iterable[checks.CheckMessage]:
@@ -52,11 +58,26 @@ def check_settings(**kwargs: Any) -> Iterable[checks.CheckMessage]:
             f"CONVEYOR['DATABASE'] names {database!r}, which is not in DATABASES.",
             id="conveyor.E005",
         )
+    shards = raw_settings().get("QUEUE_DATABASES", {})
+    if isinstance(shards, dict):
+        for queue, alias in shards.items():
+            if not isinstance(queue, str) or not isinstance(alias, str):
+                yield checks.Error(
+                    f"CONVEYOR['QUEUE_DATABASES'] must map queue names to database aliases "
+                    f"(strings), not {queue!r}: {alias!r}.",
+                    id="conveyor.E007",
+                )
+            elif alias not in settings.DATABASES:
+                yield checks.Error(
+                    f"CONVEYOR['QUEUE_DATABASES'][{queue!r}] names {alias!r}, which is not "
+                    "in DATABASES.",
+                    id="conveyor.E007",
+                )
 
 
 def _check_timing(values: dict[str, Any]) -> Iterable[checks.CheckMessage]:
-    lease = values.get("LEASE_SECONDS", ConveyorSettings.LEASE_SECONDS)
-    beat = values.get("HEARTBEAT_SECONDS", ConveyorSettings.HEARTBEAT_SECONDS)
+    lease = values.get("LEASE_SECONDS", DEFAULT_LEASE_SECONDS)
+    beat = values.get("HEARTBEAT_SECONDS", DEFAULT_HEARTBEAT_SECONDS)
     numbers = all(isinstance(v, int | float) and not isinstance(v, bool) for v in (lease, beat))
     if numbers and beat * 2 > lease:
         yield checks.Error(
@@ -67,14 +88,18 @@ def _check_timing(values: dict[str, Any]) -> Iterable[checks.CheckMessage]:
 
 
 def check_database(**kwargs: Any) -> Iterable[checks.CheckMessage]:
-    database = raw_settings().get("DATABASE", "default")
-    entry = settings.DATABASES.get(database) if isinstance(database, str) else None
-    if entry is None:
-        return
-    engine = entry.get("ENGINE", "")
-    if engine != "django.db.backends.postgresql" and not engine.endswith(".postgresql"):
-        yield checks.Error(
-            f"django-conveyor needs PostgreSQL, but DATABASES[{database!r}] uses {engine!r}.",
-            hint="Point it at PostgreSQL 14 or newer (ENGINE 'django.db.backends.postgresql').",
-            id="conveyor.E020",
-        )
+    raw = raw_settings()
+    shards = raw.get("QUEUE_DATABASES", {})
+    aliases = [raw.get("DATABASE", "default")]
+    aliases += list(shards.values()) if isinstance(shards, dict) else []
+    for database in dict.fromkeys(a for a in aliases if isinstance(a, str)):
+        entry = settings.DATABASES.get(database)
+        if entry is None:
+            continue
+        engine = entry.get("ENGINE", "")
+        if engine != "django.db.backends.postgresql" and not engine.endswith(".postgresql"):
+            yield checks.Error(
+                f"django-conveyor needs PostgreSQL, but DATABASES[{database!r}] uses {engine!r}.",
+                hint="Point it at PostgreSQL 14 or newer (ENGINE 'django.db.backends.postgresql').",
+                id="conveyor.E020",
+            )

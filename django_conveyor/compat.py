@@ -20,6 +20,7 @@ try:  # Django 6.x ships the framework.
         DEFAULT_TASK_PRIORITY,
         TASK_MAX_PRIORITY,
         TASK_MIN_PRIORITY,
+        TASK_REFRESH_ATTRS,
         Task,
         TaskError,
     )
@@ -42,6 +43,7 @@ except ImportError:  # Django 5.2 with the django-tasks backport.
         DEFAULT_TASK_PRIORITY,
         TASK_MAX_PRIORITY,
         TASK_MIN_PRIORITY,
+        TASK_REFRESH_ATTRS,
         Task,
         TaskError,
     )
@@ -65,6 +67,7 @@ __all__ = [
     "DEFAULT_TASK_QUEUE_NAME",
     "TASK_MAX_PRIORITY",
     "TASK_MIN_PRIORITY",
+    "TASK_REFRESH_ATTRS",
     "BaseTaskBackend",
     "InvalidTask",
     "Task",

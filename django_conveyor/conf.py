@@ -8,7 +8,7 @@ start-up so a bad value fails with a message naming the key, and
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from django.conf import settings as django_settings
@@ -43,6 +43,16 @@ class ConveyorSettings:
     LISTEN: bool = True  # False: poll only (for poolers that break LISTEN).
     LISTENER_DSN: str | None = None  # Direct connection for LISTEN, bypassing a pooler.
     RETENTION_SECONDS: float = DEFAULT_RETENTION_SECONDS  # Finished jobs kept by pruning.
+    # Sharding: queue name -> Django alias; other queues live in DATABASE.
+    QUEUE_DATABASES: dict[str, str] = field(default_factory=dict)
+
+    def database_for(self, queue: str) -> str:
+        """The alias whose conveyor_job holds this queue's jobs."""
+        return self.QUEUE_DATABASES.get(queue, self.DATABASE)
+
+    def databases(self) -> list[str]:
+        """Every alias that holds conveyor tables, DATABASE first."""
+        return list(dict.fromkeys([self.DATABASE, *self.QUEUE_DATABASES.values()]))
 
 
 _NUMBER = (int, float)
@@ -61,6 +71,7 @@ SETTING_TYPES: dict[str, tuple[type, ...]] = {
     "LISTEN": (bool,),
     "LISTENER_DSN": (str, type(None)),
     "RETENTION_SECONDS": _NUMBER,
+    "QUEUE_DATABASES": (dict,),
 }
 
 
@@ -74,6 +85,8 @@ def raw_settings() -> dict[str, Any]:
 def conveyor_settings() -> ConveyorSettings:
     known = {f.name for f in fields(ConveyorSettings)}
     values = {k: v for k, v in raw_settings().items() if k in known}
+    if "QUEUE_DATABASES" in values:
+        values["QUEUE_DATABASES"] = dict(values["QUEUE_DATABASES"])
     for key in ("LEASE_SECONDS", "HEARTBEAT_SECONDS", "POLL_SECONDS", "REAP_SECONDS"):
         if key in values:
             values[key] = float(values[key])

@@ -27,8 +27,10 @@ class LeaseState:
 
     owner: str
     version: int
+    database: str  # The alias whose conveyor_job holds the job.
     lost: threading.Event = field(default_factory=threading.Event)
     completed_in_atomic: bool = False  # The guarded commit wrote the outcome.
+    in_atomic: bool = False  # Holding the row lock in context.atomic() right now.
     lost_reason: str = ""
 
     def mark_lost(self, reason: str) -> None:
@@ -75,6 +77,15 @@ class JobContext(TaskContext):
             )
         if state.completed_in_atomic:
             raise RuntimeError("context.atomic() completes the job; use it once per attempt.")
+        state.in_atomic = True
+        try:
+            yield from self._guarded(connection)
+            state.completed_in_atomic = True
+        finally:
+            state.in_atomic = False
+
+    def _guarded(self, connection: Any) -> Iterator[None]:
+        state = self.lease_state
         with transaction.atomic(using=self.database):
             with connection.cursor() as cursor:
                 if not protocol.lock_for_effect(
@@ -92,7 +103,6 @@ class JobContext(TaskContext):
                 )
             if not done:  # Unreachable while we hold the row lock; fail safe anyway.
                 raise LeaseLost(f"Job {self.job_id} could not be completed by token {self.token}.")
-        state.completed_in_atomic = True
 
     def record_effect(self, effect_key: str) -> Any:
         """Record an applied effect in the ledger; call it inside `atomic()`."""

@@ -56,6 +56,7 @@ DEBIAN_BINDIRS = "/usr/lib/postgresql/*/bin"
 SERVER_USERS = ("postgres",)  # unprivileged accounts to run as when we are root
 PGSERVER_USER = "pgserver"  # the account pgserver itself creates when run as root
 BINARIES = ("pg_ctl", "initdb", "postgres")
+StrPath = str | os.PathLike[str]
 
 
 @dataclass(frozen=True)
@@ -66,16 +67,19 @@ class _Server:  # what postmaster.pid says about a running server
     listen: str  # first TCP listen address, empty for sockets only
 
 
-def database_url(data_dir: str | os.PathLike[str], *, tcp_port: int | None = None) -> str:
-    """Return ``DATABASE_URL`` if set, else the URL of a local server in *data_dir*.
+def database_url(data_dir: StrPath, *, tcp_port: int | None = None) -> str:
+    """Return ``DATABASE_URL`` if set, else :func:`start` the server in *data_dir*."""
+    return os.environ.get("DATABASE_URL") or start(data_dir, tcp_port=tcp_port)
+
+
+def start(data_dir: StrPath, *, tcp_port: int | None = None) -> str:
+    """Start (or reuse) the server whose data folder is *data_dir*; return its URL.
 
     With *tcp_port* the server also listens on 127.0.0.1:*tcp_port* and the
     URL points there.  Safe to call from many processes at once: a file lock
     beside the folder serialises initdb and start, and a running server is
-    reused.
+    reused.  ``DATABASE_URL`` is not consulted (harnesses need their own server).
     """
-    if os.environ.get("DATABASE_URL"):
-        return os.environ["DATABASE_URL"]
     data = Path(data_dir).expanduser().resolve()
     data.parent.mkdir(parents=True, exist_ok=True)
     with _locked(data):
@@ -92,8 +96,13 @@ def database_url(data_dir: str | os.PathLike[str], *, tcp_port: int | None = Non
     return f"postgresql://{SUPERUSER}@:{server.port}/{quote(server.socket_dir, safe='')}/{DATABASE}"
 
 
-def stop(data_dir: str | os.PathLike[str], timeout: float = 60.0) -> bool:
-    """Stop the server of *data_dir* (fast shutdown); False if none was running."""
+def stop(data_dir: StrPath, timeout: float = 60.0, *, immediate: bool = False) -> bool:
+    """Stop the server of *data_dir*; False if none was running.
+
+    The default is PostgreSQL's "fast" shutdown (clients cut off, clean
+    checkpoint); *immediate* skips the checkpoint, like a crash, so the next
+    start runs crash recovery.
+    """
     data = Path(data_dir).expanduser().resolve()
     if not data.is_dir():
         return False
@@ -102,13 +111,13 @@ def stop(data_dir: str | os.PathLike[str], timeout: float = 60.0) -> bool:
         if (server := _running(data)) is None:
             return False
         logger.info("stopping PostgreSQL in %s (pid %d)", data, server.pid)
-        os.kill(server.pid, signal.SIGINT)  # PostgreSQL's "fast" shutdown
+        os.kill(server.pid, signal.SIGQUIT if immediate else signal.SIGINT)
         deadline = time.monotonic() + timeout
         # The pid file goes at the end of shutdown; watching it too copes
         # with an unreaped (zombie) postmaster, which still "exists".
         while _alive(server.pid) and (data / "postmaster.pid").exists():
             if time.monotonic() > deadline:
-                os.kill(server.pid, signal.SIGQUIT)  # immediate shutdown
+                os.kill(server.pid, signal.SIGKILL if immediate else signal.SIGQUIT)
                 break
             time.sleep(0.05)
         return True

@@ -31,6 +31,10 @@ class LeaseLost(ConveyorError):
     """This worker no longer holds the job's lease; its writes were refused."""
 
 
+class Cancelled(ConveyorError):
+    """The job was cancelled before it ran (recorded in its errors)."""
+
+
 class JobNotFound(ConveyorError):
     """No job has that id."""
 

@@ -71,12 +71,24 @@ def resolve(lease: Lease) -> Task:
     return import_task(lease.task_path)
 
 
-def task_timeout(task_path: str) -> float | None:
-    """The task's timeout, or None (also when it cannot be imported: execute reports that)."""
+def task_or_none(task_path: str) -> Task | None:
+    """The task, or None when it cannot be imported (execute reports that)."""
     try:
-        return getattr(import_task(task_path), "timeout", None)
+        return import_task(task_path)
     except Exception:
         return None
+
+
+def task_timeout(task_path: str) -> float | None:
+    return getattr(task_or_none(task_path), "timeout", None)
+
+
+def retry_delay(task: Task | None, attempt: int) -> float:
+    """The backoff before the next attempt, from the task's bounds or the settings."""
+    settings = conveyor_settings()
+    base = getattr(task, "backoff_base", None) or settings.BACKOFF_BASE_SECONDS
+    cap = getattr(task, "backoff_cap", None) or settings.BACKOFF_CAP_SECONDS
+    return backoff_delay(attempt, base, cap)
 
 
 def build_result(task: Task, lease: Lease, state: LeaseState) -> ConveyorTaskResult:
@@ -105,7 +117,7 @@ def call(task: Task, lease: Lease, result: ConveyorTaskResult, state: LeaseState
         job_id=lease.id,
         token=lease.version,
         worker_id=state.owner,
-        database=conveyor_settings().DATABASE,
+        database=state.database,
         lease_state=state,
     )
     return task.call(context, *lease.args, **lease.kwargs)
@@ -118,10 +130,7 @@ def classify(exc: BaseException, task: Task | None, lease: Lease, state: LeaseSt
         return Outcome(SNOOZE, lease, state, delay=exc.seconds)
     if isinstance(exc, Discard | ArgumentsNotSerializable):
         return Outcome(FAIL, lease, state, error=error_entry(exc))
-    settings = conveyor_settings()
-    base = getattr(task, "backoff_base", None) or settings.BACKOFF_BASE_SECONDS
-    cap = getattr(task, "backoff_cap", None) or settings.BACKOFF_CAP_SECONDS
-    delay = backoff_delay(lease.attempt, base, cap)
+    delay = retry_delay(task, lease.attempt)
     return Outcome(RETRY, lease, state, delay=delay, error=error_entry(exc))
 
 

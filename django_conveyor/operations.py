@@ -19,15 +19,17 @@ def _database() -> str:
     return conveyor_settings().DATABASE
 
 
-def requeue(ids: Sequence[int]) -> list[int]:
+def requeue(ids: Sequence[int], *, database: str | None = None) -> list[int]:
     """Give failed, dead or cancelled jobs a fresh set of attempts; returns those changed."""
-    with transaction.atomic(using=_database()), connections[_database()].cursor() as cursor:
+    database = database or _database()
+    with transaction.atomic(using=database), connections[database].cursor() as cursor:
         return protocol.requeue(cursor, ids=list(ids), notify=conveyor_settings().NOTIFY)
 
 
-def cancel(ids: Sequence[int]) -> list[int]:
+def cancel(ids: Sequence[int], *, database: str | None = None) -> list[int]:
     """Cancel jobs that have not started; returns those changed."""
-    with transaction.atomic(using=_database()), connections[_database()].cursor() as cursor:
+    database = database or _database()
+    with transaction.atomic(using=database), connections[database].cursor() as cursor:
         return protocol.cancel(cursor, ids=list(ids))
 
 

@@ -100,12 +100,21 @@ RETURNING j.id, j.task_path, j.args, j.kwargs, j.queue, j.backend, j.priority, j
 
 _HELD = "FROM jsonb_to_recordset(%(held)s::jsonb) AS h(id bigint, version bigint"
 
-HEARTBEAT = f"""
+# SKIP LOCKED: a row locked by the worker's own open context.atomic() must not
+# stall the heartbeat of every other lease; the lock itself keeps the reaper off.
+HEARTBEAT = """
+WITH renew AS (
+    SELECT j.id
+    FROM conveyor_job AS j
+    JOIN jsonb_to_recordset(%(held)s::jsonb) AS h(id bigint, version bigint)
+      ON j.id = h.id AND j.lease_version = h.version
+    WHERE j.state = 'running' AND j.lease_owner = %(owner)s
+    FOR UPDATE OF j SKIP LOCKED
+)
 UPDATE conveyor_job AS j
 SET lease_expires_at = now() + make_interval(secs => %(lease)s)
-{_HELD})
-WHERE j.id = h.id AND j.state = 'running'
-  AND j.lease_owner = %(owner)s AND j.lease_version = h.version
+FROM renew
+WHERE j.id = renew.id
 RETURNING j.id
 """
 
@@ -232,6 +241,9 @@ WITH doomed AS (
     ORDER BY finished_at
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
+), ledger AS (
+    -- The foreign key cascades in Django, not in the database: delete here.
+    DELETE FROM conveyor_ledger AS l USING doomed WHERE l.job_id = doomed.id
 )
 DELETE FROM conveyor_job AS j USING doomed WHERE j.id = doomed.id
 """

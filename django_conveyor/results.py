@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.utils.module_loading import import_string
 
-from .compat import Task, TaskError, TaskResult, TaskResultDoesNotExist
+from .compat import TASK_REFRESH_ATTRS, Task, TaskError, TaskResult, TaskResultDoesNotExist
 from .states import TASK_STATUS, JobState
 
 if TYPE_CHECKING:
@@ -18,6 +18,34 @@ if TYPE_CHECKING:
 class ConveyorTaskResult(TaskResult):
     created: bool = True  # False when an idempotency key returned an existing job.
     state: str = JobState.AVAILABLE  # The job's own state, finer than `status`.
+
+    def refresh(self) -> None:
+        """Reload from the database, including the finer `state`."""
+        self._copy_from(self.task.get_backend().get_result(self.id))
+
+    async def arefresh(self) -> None:
+        self._copy_from(await self.task.get_backend().aget_result(self.id))
+
+    def _copy_from(self, fresh: TaskResult) -> None:
+        for attr in (*TASK_REFRESH_ATTRS, "state"):
+            object.__setattr__(self, attr, getattr(fresh, attr))
+
+
+def result_id(database: str, job_id: int) -> str:
+    """The public id: the bare job id in the main database, `alias:id` in a shard."""
+    from .conf import conveyor_settings
+
+    return str(job_id) if database == conveyor_settings().DATABASE else f"{database}:{job_id}"
+
+
+def parse_result_id(value: str) -> tuple[str, int]:
+    from .conf import conveyor_settings
+
+    alias, _, number = str(value).rpartition(":")
+    try:
+        return alias or conveyor_settings().DATABASE, int(number)
+    except ValueError:
+        raise TaskResultDoesNotExist(f"No job has the id {value!r}.") from None
 
 
 def worker_ids(errors: list[dict[str, Any]], state: str, lease_owner: str | None) -> list[str]:
@@ -45,12 +73,12 @@ def resolve_task(task_path: str) -> Task:
 
 
 def result_from_job(
-    job: Job, task: Task | None = None, *, created: bool = True
+    job: Job, task: Task | None = None, *, created: bool = True, database: str | None = None
 ) -> ConveyorTaskResult:
     task = task or resolve_task(job.task_path)
     result = ConveyorTaskResult(
         task=task,
-        id=str(job.id),
+        id=result_id(database or job._state.db or "default", job.id),
         status=TASK_STATUS[JobState(job.state)],
         enqueued_at=job.enqueued_at,
         started_at=job.started_at,

@@ -57,8 +57,10 @@ class Supervisor:
         if pid == 0:
             code = 1
             try:
+                # Ctrl-C reaches the whole process group; only the supervisor
+                # acts on it, and it tells each child once, with SIGTERM.
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
-                signal.signal(signal.SIGINT, signal.SIG_DFL)
                 code = self.run_child(slot)
             except BaseException:
                 logger.exception("worker process crashed")
@@ -98,4 +100,4 @@ class Supervisor:
         )
         for pid in list(self.children):
             with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signum)
+                os.kill(pid, signal.SIGTERM)

@@ -24,6 +24,8 @@ if TYPE_CHECKING:
     from .results import ConveyorTaskResult
 
 OPTION_NAMES = ("max_attempts", "timeout", "backoff_base", "backoff_cap", "idempotency_key")
+# Read by the worker from the task itself, so a per-call value could not reach it.
+PER_TASK_OPTIONS = ("timeout", "backoff_base", "backoff_cap")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -35,7 +37,13 @@ class ConveyorTask(Task):
     idempotency_key: str | None = None  # Set per call with .using(); one job per key.
 
     def using(self, *, idempotency_key: str | None = None, **changes: Any) -> ConveyorTask:
-        """Like Task.using(), plus this backend's options (None leaves a value as is)."""
+        """Like Task.using(), plus `max_attempts` and `idempotency_key` per call."""
+        per_task = sorted(set(changes) & set(PER_TASK_OPTIONS))
+        if per_task:
+            raise TypeError(
+                f"{', '.join(per_task)} apply to every call of a task: set them on "
+                "@task(...), not with .using()."
+            )
         extra = {name: changes.pop(name) for name in OPTION_NAMES if name in changes}
         if idempotency_key is not None:
             extra["idempotency_key"] = idempotency_key

@@ -30,6 +30,7 @@ from . import executor, protocol
 from .conf import conveyor_settings
 from .context import LeaseState
 from .dbconn import connect
+from .exceptions import ConveyorConfigurationError
 from .executor import Outcome
 from .listener import Listener
 from .logs import log_job
@@ -43,6 +44,21 @@ CLAIM_AHEAD_SECONDS = 0.005  # Buffered work per slot: about one claim round tri
 MAX_PREFETCH = 256
 EXIT_OK = 0
 EXIT_ERROR = 1
+
+
+def worker_database(queues: tuple[str, ...]) -> str:
+    """The one database a worker's queues live in (a worker never spans shards)."""
+    settings = conveyor_settings()
+    by_alias: dict[str, list[str]] = {}
+    for queue_name in queues:
+        by_alias.setdefault(settings.database_for(queue_name), []).append(queue_name)
+    if len(by_alias) > 1:
+        spread = "; ".join(f"{', '.join(q)} on {a!r}" for a, q in sorted(by_alias.items()))
+        raise ConveyorConfigurationError(
+            f"A worker serves queues of one database, but these span several: {spread}. "
+            "Run one worker per database."
+        )
+    return next(iter(by_alias), settings.DATABASE)
 
 
 def new_worker_id() -> str:
@@ -62,6 +78,7 @@ class WorkerOptions:
     prefetch: int | None = None
     max_jobs: int | None = None  # Exit after this many attempts finished.
     worker_id: str | None = None
+    stop_signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT)
 
 
 @dataclass(slots=True)
@@ -84,7 +101,7 @@ class Worker:
     def __init__(self, options: WorkerOptions) -> None:
         settings = conveyor_settings()
         self.options = options
-        self.database = settings.DATABASE
+        self.database = worker_database(options.queues)
         self.worker_id = options.worker_id or new_worker_id()
         self.queues = tuple(options.queues)
         self.concurrency = options.concurrency
@@ -158,7 +175,7 @@ class Worker:
     def install_signal_handlers(self) -> None:
         if threading.current_thread() is not threading.main_thread():
             return
-        for signum in (signal.SIGTERM, signal.SIGINT):
+        for signum in self.options.stop_signals:
             signal.signal(signum, self.on_signal)
 
     def on_signal(self, signum: int, frame: FrameType | None) -> None:
@@ -222,7 +239,9 @@ class Worker:
 
     def ensure_connection(self) -> None:
         if self.conn is None or self.conn.closed:
-            self.conn = connect(self.database, prepare=self.listen)
+            # A listener DSN or poll-only mode means the main DSN may be a pooler.
+            direct = self.listen and not self.listener_dsn
+            self.conn = connect(self.database, prepare=direct)
 
     def drop_connection(self) -> None:
         if self.conn is not None:
@@ -256,10 +275,14 @@ class Worker:
         return max(0, self.concurrency - busy) + self.prefetch() - waiting
 
     def heartbeat(self) -> None:
+        """Renew every lease in one statement; a lease missing from the result is lost.
+
+        A job inside its own context.atomic() is skipped by the statement (its
+        row is locked) but not lost: the lock keeps the reaper off it. A job
+        its guarded commit completed is done, not lost.
+        """
         if not self.held:
             return
-        # A job completed inside context.atomic() is no longer 'running': it needs
-        # no renewal, and its missing row means done, not lost.
         held = [
             (h.lease.id, h.lease.version)
             for h in self.held.values()
@@ -271,21 +294,19 @@ class Worker:
             )
         for job_id, version in held:
             current = self.held.get(job_id)
-            if (
-                job_id not in renewed
-                and current
-                and current.lease.version == version
-                and not current.state.completed_in_atomic
-            ):
-                current.state.mark_lost("heartbeat found the lease gone")
-                del self.held[job_id]
-                self.stats.add("leases_lost")
-                log_job(
-                    logger,
-                    logging.WARNING,
-                    current.lease,
-                    "lease lost: its outcome will not be written",
-                )
+            if current is None or current.lease.version != version or job_id in renewed:
+                continue
+            if current.state.in_atomic or current.state.completed_in_atomic:
+                continue
+            current.state.mark_lost("heartbeat found the lease gone")
+            del self.held[job_id]
+            self.stats.add("leases_lost")
+            log_job(
+                logger,
+                logging.WARNING,
+                current.lease,
+                "lease lost: its outcome will not be written",
+            )
 
     def reap(self) -> None:
         with self.cursor() as cur:
@@ -312,10 +333,8 @@ class Worker:
                 "exception_class_path": "builtins.TimeoutError",
                 "traceback": f"The attempt ran past its timeout of {held.timeout:g} seconds.",
             }
-            delay = executor.backoff_delay(
-                held.lease.attempt,
-                conveyor_settings().BACKOFF_BASE_SECONDS,
-                conveyor_settings().BACKOFF_CAP_SECONDS,
+            delay = executor.retry_delay(
+                executor.task_or_none(held.lease.task_path), held.lease.attempt
             )
             with self.cursor() as cur:
                 protocol.retry(
@@ -378,7 +397,7 @@ class Worker:
             )
         self.settle(written)
         for lease in leases:
-            held = Held(lease, LeaseState(self.worker_id, lease.version))
+            held = Held(lease, LeaseState(self.worker_id, lease.version, self.database))
             self.held[lease.id] = held
             self.ready.put(held)
         self.stats.add("claimed", len(leases))

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from django.db import connection
+from django.db import connection, connections
 
 from django_conveyor import executor
 from django_conveyor.conf import conveyor_settings
@@ -41,7 +41,7 @@ def wait_until(predicate: Callable[[], Any], timeout: float = 20.0, interval: fl
 
 def run_burst(**options: Any) -> Worker:
     """Run an in-process worker until nothing is ready; returns it for its stats."""
-    options.setdefault("queues", ("default", "emails", "slow", "other"))
+    options.setdefault("queues", ("default", "emails", "slow"))
     options.setdefault("burst", True)
     options.setdefault("listen", False)
     worker = Worker(WorkerOptions(**options))
@@ -58,6 +58,7 @@ def worker_env() -> dict[str, str]:
     env = dict(os.environ)
     env["DJANGO_SETTINGS_MODULE"] = "tests.settings"
     env["CONVEYOR_DB_NAME"] = connection.settings_dict["NAME"]
+    env["CONVEYOR_SHARD_DB_NAME"] = connections["shard"].settings_dict["NAME"]
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env

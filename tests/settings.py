@@ -16,6 +16,12 @@ DATA_DIR = os.environ.get("CONVEYOR_DATA_DIR") or str(REPO / "var" / "pg-tests")
 
 DATABASES = {"default": environ.Env.db_url_config(database_url(DATA_DIR))}
 DATABASES["default"]["TEST"] = {"NAME": os.environ.get("CONVEYOR_TEST_DB", "conveyor_test")}
+# A second database on the same server: the queue "other" is sharded there.
+DATABASES["shard"] = {
+    **DATABASES["default"],
+    "NAME": "conveyor_shard",
+    "TEST": {"NAME": DATABASES["default"]["TEST"]["NAME"] + "_shard"},
+}
 
 SECRET_KEY = "tests-only-not-secret"
 DEBUG = False
@@ -74,8 +80,11 @@ CONVEYOR = {
     "REAP_SECONDS": 0.5,
     "BACKOFF_BASE_SECONDS": 0.05,
     "BACKOFF_CAP_SECONDS": 0.2,
+    "QUEUE_DATABASES": {"other": "shard"},
 }
 
 # Worker processes started by the tests connect to the test database by name.
 if os.environ.get("CONVEYOR_DB_NAME"):
     DATABASES["default"]["NAME"] = os.environ["CONVEYOR_DB_NAME"]
+if os.environ.get("CONVEYOR_SHARD_DB_NAME"):
+    DATABASES["shard"]["NAME"] = os.environ["CONVEYOR_SHARD_DB_NAME"]

@@ -114,11 +114,22 @@ def test_stop_then_restart_keeps_the_data(new_data_dir) -> None:
     with psycopg.connect(dbname="postgres", **params) as conn:
         assert conn.execute("SELECT n FROM kept").fetchone() == (42,)
 
+    # An immediate stop is a crash to PostgreSQL: the restart recovers from WAL.
+    with psycopg.connect(dbname="postgres", autocommit=True, **params) as conn:
+        conn.execute("INSERT INTO kept VALUES (43)")
+    assert embedded.stop(data, immediate=True) is True
+    assert embedded.database_url(data) == url
+    with psycopg.connect(dbname="postgres", **params) as conn:
+        assert conn.execute("SELECT sum(n) FROM kept").fetchone() == (85,)
 
-def test_tcp_port_listens_on_loopback(new_data_dir) -> None:
+
+def test_tcp_port_listens_on_loopback(new_data_dir, monkeypatch: pytest.MonkeyPatch) -> None:
     data = new_data_dir()
     port = _free_port()
-    url = embedded.database_url(data, tcp_port=port)
+    # start() is for harnesses that need their own server: it ignores DATABASE_URL.
+    monkeypatch.setenv("DATABASE_URL", "postgresql://elsewhere.invalid/db")
+    url = embedded.start(data, tcp_port=port)
+    monkeypatch.delenv("DATABASE_URL")
     assert url == f"postgresql://postgres@127.0.0.1:{port}/postgres"
     assert _django_select_1(url) == 1
 

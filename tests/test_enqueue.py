@@ -118,6 +118,10 @@ class TestBadInput:
         with pytest.raises(InvalidTask, match="max_attempts must be a whole number of 1 or more"):
             tasks.add.using(max_attempts=0)
 
+    def test_per_task_options_cannot_change_per_call(self):
+        with pytest.raises(TypeError, match="timeout apply to every call of a task"):
+            tasks.add.using(timeout=5)
+
     def test_unknown_task_option(self):
         with pytest.raises(TypeError, match="Unknown task option"):
             task(retries=3)

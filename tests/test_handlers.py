@@ -38,7 +38,7 @@ def test_retries_with_backoff_end_dead_with_every_error_recorded():
 
 
 def test_backoff_delays_the_retry():
-    result = tasks.fails_then_succeeds.using(backoff_base=30, backoff_cap=30).enqueue(1)
+    result = tasks.fails_slowly.enqueue()
     run_burst()
     row = job(result)
     assert row.state == "available"

@@ -74,7 +74,8 @@ def test_sigstop_zombie_cannot_complete_or_apply_its_effect(procs, tmp_path):
     zombie_owner = Job.objects.get(pk=result.id).lease_owner
     os.kill(zombie.pid, signal.SIGSTOP)
     rescuer = worker(procs, tmp_path, "rescuer", "--lease", "10")
-    wait_until(lambda: Job.objects.get(pk=result.id).state == "completed", timeout=30)
+    # Completed by the guarded commit; its return value is stored just after.
+    wait_until(lambda: Job.objects.get(pk=result.id).return_value is not None, timeout=30)
     done = Job.objects.get(pk=result.id)
     assert done.lease_owner != zombie_owner
     os.kill(zombie.pid, signal.SIGCONT)

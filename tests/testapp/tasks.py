@@ -69,6 +69,11 @@ def fails_then_succeeds(context, failures):
     return context.attempt
 
 
+@task(backoff_base=30, backoff_cap=30)
+def fails_slowly():
+    raise RuntimeError("retry me in a while")
+
+
 @task()
 def discard_me(reason):
     raise Discard(reason)

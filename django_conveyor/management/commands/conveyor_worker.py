@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
+from dataclasses import replace
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
 from django_conveyor.conf import conveyor_settings
+from django_conveyor.exceptions import ConveyorConfigurationError
 from django_conveyor.supervisor import Supervisor
-from django_conveyor.worker import Worker, WorkerOptions
+from django_conveyor.worker import Worker, WorkerOptions, worker_database
 
 MAX_WORKER_ID_LENGTH = 64
 
@@ -150,6 +153,10 @@ class Command(BaseCommand):
             raise CommandError(
                 "--worker-id names one process; it cannot be used with --processes > 1."
             )
+        try:
+            worker_database(tuple(queues))
+        except ConveyorConfigurationError as exc:
+            raise CommandError(str(exc)) from exc
         worker_options = WorkerOptions(
             queues=tuple(queues),
             concurrency=options["concurrency"],
@@ -165,9 +172,10 @@ class Command(BaseCommand):
         if options["processes"] == 1:
             code = Worker(worker_options).run()
         else:
+            child_options = replace(worker_options, stop_signals=(signal.SIGTERM,))
             code = Supervisor(
                 options["processes"],
-                lambda slot: Worker(worker_options).run(),
+                lambda slot: Worker(child_options).run(),
                 burst=options["burst"],
             ).run()
         sys.exit(code)

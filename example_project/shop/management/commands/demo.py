@@ -1,0 +1,311 @@
+"""`manage.py demo`: the example shop end to end, in one command.
+
+Migrates, makes sure a demo admin login exists, starts a worker process,
+places a few orders through the same code as the order form (each enqueues a
+receipt and a charge) plus one job that always fails, waits until every job
+has settled and prints what happened, then serves the site and its admin.
+With --no-serve it exits after the summary: 0 when every job ended as
+expected, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.core.management import call_command
+from django.core.management.base import BaseCommand, CommandError
+
+from django_conveyor.models import Job, LedgerEntry
+from django_conveyor.states import FINAL_STATES, JobState
+from shop.models import GatewayCharge, Order, Payment
+from shop.services import place_order, request_inventory_sync
+from shop.tasks import charge_payment, flaky_sync, send_receipt
+
+DEMO_USER = "demo"
+DEMO_PASSWORD = "conveyor-demo"  # A local demo login, printed on purpose.
+WORKER_CONCURRENCY = 4
+WORKER_STOP_TIMEOUT_SECONDS = 30.0  # Past the worker's own shutdown timeout.
+POLL_INTERVAL_SECONDS = 0.25
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+DEMO_ORDERS = [
+    ("ada@example.com", "Coffee beans, 1 kg", 2, 1850),
+    ("grace@example.com", "Pour-over kettle", 1, 4900),
+    ("linus@example.com", "Paper filters, 100", 3, 450),
+    ("barbara@example.com", "Burr grinder", 1, 12900),
+    ("edsger@example.com", "Espresso cups, set of 4", 1, 2400),
+]
+
+
+def port_number(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be between 1 and 65535, got {value}")
+    return value
+
+
+def positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be more than zero seconds, got {text}")
+    return value
+
+
+def plural(count: int, noun: str) -> str:
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
+def port_is_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as runserver does
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def raise_keyboard_interrupt(signum: int, frame: FrameType | None) -> None:
+    # SIGTERM takes the same way out as Ctrl-C, so the worker is always stopped.
+    # SIGINT is set too: a shell that starts us in the background ignores it.
+    raise KeyboardInterrupt
+
+
+class Command(BaseCommand):
+    help = (
+        "Run the example shop end to end: migrate, create a demo admin login, start a "
+        "worker, place demo orders, wait for their jobs, then serve the site."
+    )
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument(
+            "--port", type=port_number, default=8000, help="Port for the site (default 8000)."
+        )
+        parser.add_argument(
+            "--no-serve",
+            action="store_true",
+            help="Exit after the summary: 0 if every job ended as expected, 1 if not.",
+        )
+        parser.add_argument(
+            "--orders",
+            type=int,
+            choices=range(1, len(DEMO_ORDERS) + 1),
+            default=3,
+            metavar=f"1..{len(DEMO_ORDERS)}",
+            help="Demo orders to place (default 3).",
+        )
+        parser.add_argument(
+            "--timeout",
+            type=positive_seconds,
+            default=60.0,
+            help="Seconds to wait for the demo jobs to settle (default 60).",
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        if not options["no_serve"] and not port_is_free(options["port"]):
+            # Checked first: runserver ends the process with os._exit() on a
+            # busy port, which would leave the worker running.
+            raise CommandError(
+                f"Port {options['port']} on 127.0.0.1 is in use; pass --port with a free one."
+            )
+        self.step("Migrating the database")
+        call_command("migrate", interactive=False, verbosity=0)
+        login = self.ensure_demo_user()
+
+        previous = {sig: signal.signal(sig, raise_keyboard_interrupt) for sig in STOP_SIGNALS}
+        worker = self.start_worker()
+        settled = interrupted = False
+        try:
+            jobs = self.enqueue_demo_jobs(options["orders"])
+            settled = self.wait_for(jobs, worker, options["timeout"])
+            settled = self.summarise(jobs) and settled
+            if not options["no_serve"]:
+                self.serve(options["port"], login, settled)
+        except KeyboardInterrupt:
+            interrupted = True
+        finally:
+            self.stop_worker(worker)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        if interrupted:
+            raise CommandError("Interrupted before the demo finished.", returncode=130)
+        if not settled:
+            raise CommandError("The demo jobs did not all end in their expected states.")
+
+    # -- steps ---------------------------------------------------------------
+
+    def step(self, text: str) -> None:
+        self.stdout.write(self.style.MIGRATE_HEADING(f"==> {text}"))
+
+    def ensure_demo_user(self) -> str:
+        user_model = get_user_model()
+        user, created = user_model.objects.get_or_create(
+            username=DEMO_USER,
+            defaults={"is_staff": True, "is_superuser": True, "email": "demo@example.com"},
+        )
+        if created:
+            user.set_password(DEMO_PASSWORD)
+            user.save(update_fields=["password"])
+            self.step(f"Created the admin user {DEMO_USER!r}")
+        if user.check_password(DEMO_PASSWORD):
+            return f"user {DEMO_USER}, password {DEMO_PASSWORD}"
+        return f"user {DEMO_USER} (its password was changed after the demo created it)"
+
+    def start_worker(self) -> subprocess.Popen[bytes]:
+        queues = ",".join(settings.TASKS["default"]["QUEUES"])
+        manage_py = Path(settings.BASE_DIR) / "manage.py"
+        command = [
+            sys.executable,
+            str(manage_py),
+            "conveyor_worker",
+            "--queues",
+            queues,
+            "--concurrency",
+            str(WORKER_CONCURRENCY),
+        ]
+        self.step(f"Starting a worker: manage.py conveyor_worker --queues {queues} "
+                  f"--concurrency {WORKER_CONCURRENCY}")  # fmt: skip
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        # Show a retry that reuses the idempotency key: see shop/gateway.py.
+        env.setdefault("SHOP_GATEWAY_DROP_FIRST_REPLY", "1")
+        # A session of its own keeps the terminal's Ctrl-C away from the worker:
+        # this command sends it exactly one SIGTERM, which means "finish and exit".
+        return subprocess.Popen(command, env=env, start_new_session=True)
+
+    def enqueue_demo_jobs(self, count: int) -> dict[str, list[int]]:
+        self.step(
+            f"Placing {plural(count, 'order')} (each enqueues a receipt and a charge) "
+            "and one flaky job"
+        )
+        jobs: dict[str, list[int]] = {"orders": [], "receipts": [], "charges": [], "flaky": []}
+        for email, item, quantity, price in DEMO_ORDERS[:count]:
+            order = place_order(email=email, item=item, quantity=quantity, unit_price_cents=price)
+            jobs["orders"].append(order.pk)
+            jobs["receipts"].append(int(order.receipt_job_id))
+            jobs["charges"].append(int(order.charge_job_id))
+            self.stdout.write(
+                f"    order {order.pk}: {quantity} x {item} ({order.total_display}), "
+                f"jobs {order.receipt_job_id} and {order.charge_job_id}"
+            )
+        jobs["flaky"].append(int(request_inventory_sync("COFFEE-1KG")))
+        self.stdout.write(f"    inventory sync: job {jobs['flaky'][0]} (fails on every attempt)")
+        return jobs
+
+    def wait_for(
+        self, jobs: dict[str, list[int]], worker: subprocess.Popen[bytes], timeout: float
+    ) -> bool:
+        ids = [i for key in ("receipts", "charges", "flaky") for i in jobs[key]]
+        self.step(f"Waiting for {len(ids)} jobs to settle (up to {timeout:g}s)")
+        started = time.monotonic()
+        while True:
+            unsettled = Job.objects.filter(id__in=ids).exclude(state__in=FINAL_STATES).count()
+            if not unsettled:
+                self.stdout.write(f"    settled in {time.monotonic() - started:.1f}s")
+                return True
+            if worker.poll() is not None:
+                self.stderr.write(
+                    f"    the worker exited with {worker.returncode}; {unsettled} jobs unsettled"
+                )
+                return False
+            if time.monotonic() - started > timeout:
+                self.stderr.write(f"    {unsettled} jobs still unsettled after {timeout:g}s")
+                return False
+            time.sleep(POLL_INTERVAL_SECONDS)
+
+    def summarise(self, jobs: dict[str, list[int]]) -> bool:
+        """Print what each job ended as; True when that is what the demo expects."""
+        self.step("Summary")
+        expected = [
+            (send_receipt, jobs["receipts"], JobState.COMPLETED),
+            (charge_payment, jobs["charges"], JobState.COMPLETED),
+            (flaky_sync, jobs["flaky"], JobState.DEAD),
+        ]
+        ok = True
+        for task, ids, wanted in expected:
+            rows = list(Job.objects.filter(id__in=ids))
+            states = Counter(job.state for job in rows)
+            attempts = Counter(job.attempt for job in rows)
+            good = states == Counter({wanted.value: len(ids)})
+            ok &= good
+            described = ", ".join(f"{n} {state}" for state, n in sorted(states.items()))
+            tries = ", ".join(f"{n} x {a}" for a, n in sorted(attempts.items()))
+            line = f"    {task.name:<15} queue {task.queue_name:<9} {described} (attempts: {tries})"
+            self.stdout.write(self.style.SUCCESS(line) if good else self.style.ERROR(line))
+        for job in Job.objects.filter(id__in=jobs["flaky"], state=JobState.DEAD):
+            last = job.errors[-1] if job.errors else {}
+            self.stdout.write(
+                f"    dead job {job.id}: {len(job.errors)} errors recorded, the last "
+                f"{last.get('exception_class_path', 'none')}; see the dead letters in the admin"
+            )
+
+        payments = Payment.objects.filter(order_id__in=jobs["orders"])
+        ledger = LedgerEntry.objects.filter(job_id__in=jobs["charges"])
+        keys = payments.values_list("idempotency_key", flat=True)
+        charges = GatewayCharge.objects.filter(idempotency_key__in=list(keys))
+        calls = sum(charges.values_list("calls", flat=True))
+        receipts = Order.objects.filter(pk__in=jobs["orders"], receipt_sent_at__isnull=False)
+        effects_ok = payments.count() == ledger.count() == charges.count() == len(
+            jobs["orders"]
+        ) and receipts.count() == len(jobs["orders"])
+        ok &= effects_ok
+        line = (
+            f"    {plural(len(jobs['orders']), 'order')}: {receipts.count()} receipts sent, "
+            f"{payments.count()} payments, {ledger.count()} ledger entries, "
+            f"{charges.count()} gateway charges from {calls} gateway calls"
+        )
+        self.stdout.write(self.style.SUCCESS(line) if effects_ok else self.style.ERROR(line))
+        if calls > charges.count():
+            self.stdout.write(
+                "    (the fake gateway dropped replies; each retry sent the job's idempotency "
+                "key again and got the same charge back)"
+            )
+        verdict = "every job ended as expected" if ok else "some jobs did not end as expected"
+        self.stdout.write((self.style.SUCCESS if ok else self.style.ERROR)(f"    {verdict}"))
+        return ok
+
+    def serve(self, port: int, login: str, settled: bool) -> None:
+        base = f"http://127.0.0.1:{port}"
+        self.step("Serving the shop (Ctrl-C stops the site and the worker)")
+        self.stdout.write(f"    shop:         {base}/")
+        self.stdout.write(f"    admin:        {base}/admin/  ({login})")
+        self.stdout.write(f"    dead letters: {base}/admin/conveyor/deadletter/")
+        if not settled:
+            self.stderr.write("    (the demo jobs did not settle as expected; see above)")
+        call_command("runserver", f"127.0.0.1:{port}", use_reloader=False)
+
+    def stop_worker(self, worker: subprocess.Popen[bytes]) -> None:
+        if worker.poll() is not None:
+            return
+        self.step(f"Stopping the worker (pid {worker.pid})")
+        worker.send_signal(signal.SIGTERM)
+        try:
+            code = worker.wait(WORKER_STOP_TIMEOUT_SECONDS)
+        except KeyboardInterrupt:
+            # A second Ctrl-C: pass it on; the worker exits at once and the
+            # leases it still holds expire and are reaped by the next worker.
+            self.stderr.write("    stopping the worker at once")
+            worker.send_signal(signal.SIGTERM)
+            code = worker.wait(WORKER_STOP_TIMEOUT_SECONDS)
+        except subprocess.TimeoutExpired:
+            self.stderr.write("    the worker did not stop in time; killing it")
+            worker.kill()
+            code = worker.wait()
+        self.stdout.write(f"    worker exited with {code}")

@@ -1,0 +1,412 @@
+"""Property-based test of the real protocol SQL: simulated workers, forced expiry.
+
+A Hypothesis state machine drives the statements of `protocol.py` from three
+simulated workers, each on its own connection to the test PostgreSQL, as a
+worker's control loop and handler would: claim, heartbeat, complete, retry,
+fail, snooze, release, reap, the guarded effect (lock, ledger entry and
+completion in one transaction, with a reaper racing it) and requeue.
+Time is simulated by moving `lease_expires_at` into the past. Workers keep
+believing in their leases until a heartbeat or their own write tells them
+otherwise, so stale (zombie) writes happen all the time.
+
+After every step the database must equal a small reference model, and the
+invariants of DESIGN §4 must hold: one valid token holder per job, outcomes
+only from it, one ledger entry per effect-completed job, legal states only.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
+from django_conveyor import protocol
+from django_conveyor.dbconn import connect
+from django_conveyor.states import JobState
+
+WORKERS = ("w0", "w1", "w2")
+QUEUE = "default"
+LEASE_SECONDS = 30.0
+EFFECT_KEY = "effect"
+MAX_JOBS = 8
+STATES = frozenset(s.value for s in JobState)
+
+MACHINE_SETTINGS = settings(
+    max_examples=int(os.environ.get("PROPS_EXAMPLES", "50")),
+    stateful_step_count=20,
+    deadline=None,
+    database=None,  # No example database written into the repository.
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+
+JOBS_SQL = """
+SELECT id, state, attempt, max_attempts, lease_owner, lease_version,
+       lease_expires_at IS NULL, lease_expires_at < now()
+FROM conveyor_job ORDER BY id
+"""
+LEDGER_SQL = "SELECT job_id, lease_version, worker FROM conveyor_ledger"
+INSERT_LEDGER = """
+INSERT INTO conveyor_ledger (job_id, effect_key, lease_version, worker, applied_at)
+VALUES (%(job)s, %(key)s, %(version)s, %(worker)s, now())
+"""
+EXPIRE = """
+UPDATE conveyor_job SET lease_expires_at = now() - interval '1 second'
+WHERE id = %(id)s AND state = 'running'
+"""
+
+
+@dataclass(slots=True)
+class ModelJob:
+    """What the database should say about one job."""
+
+    id: int
+    max_attempts: int
+    state: str = "available"
+    attempt: int = 0
+    version: int = 0
+    owner: str | None = None
+    expired: bool = False
+    effects: int = 0  # Ledger entries written by guarded completions.
+
+
+class ProtocolMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.admin = connect("default", prepare=False)
+        # Accidental blocking on a row lock must fail the test, not hang it.
+        self.admin.execute("SET lock_timeout = '500ms'")
+        self.conns = {w: connect("default", prepare=False) for w in WORKERS}
+        for conn in self.conns.values():
+            conn.execute("SET lock_timeout = '500ms'")
+        self.admin.execute("TRUNCATE conveyor_ledger, conveyor_job")
+        self.jobs: dict[int, ModelJob] = {}
+        # (job, token) pairs a worker acts on: its control loop's lease plus
+        # older attempts whose handlers have not reported yet (zombies).
+        self.beliefs: dict[str, set[tuple[int, int]]] = {w: set() for w in WORKERS}
+
+    def teardown(self) -> None:
+        for conn in [self.admin, *self.conns.values()]:
+            conn.close()
+
+    # -- helpers ----------------------------------------------------------------
+
+    def job_at(self, pick: int) -> ModelJob:
+        return self.jobs[sorted(self.jobs)[pick % len(self.jobs)]]
+
+    def believing(self) -> bool:
+        return any(self.beliefs.values())
+
+    def belief(self, pick: int, fresh: bool) -> tuple[str, int, int]:
+        """One (worker, job, token) some worker is about to act on.
+
+        Unless `fresh`, a stale one if there is any: the zombie writes that
+        matter most come first (Hypothesis tries False before True).
+        """
+        held = sorted((w, job, v) for w in WORKERS for job, v in self.beliefs[w])
+        stale = [b for b in held if not self.holds(*b)]
+        pool = held if fresh or not stale else stale
+        return pool[pick % len(pool)]
+
+    def holds(self, worker: str, job_id: int, version: int) -> bool:
+        job = self.jobs[job_id]
+        return job.state == "running" and job.owner == worker and job.version == version
+
+    def cursor(self, worker: str) -> psycopg.Cursor[Any]:
+        return self.conns[worker].cursor()
+
+    def apply_reap(self, reaped: list[protocol.Reaped], locked: int | None = None) -> None:
+        expected = {
+            j.id
+            for j in self.jobs.values()
+            if j.state == "running" and j.expired and j.id != locked
+        }
+        assert {r.id for r in reaped} == expected, "REAP took back exactly the expired leases"
+        for row in reaped:
+            job = self.jobs[row.id]
+            job.state = "dead" if job.attempt >= job.max_attempts else "available"
+            job.expired = False
+            assert row.state == job.state
+            assert (row.owner, row.version) == (job.owner, job.version)
+
+    # -- setup ----------------------------------------------------------------
+
+    @initialize(max_attempts=st.lists(st.integers(1, 3), min_size=1, max_size=4))
+    def start(self, max_attempts: list[int]) -> None:
+        self.enqueue(max_attempts)
+
+    @rule(max_attempts=st.integers(1, 3))
+    def enqueue_one(self, max_attempts: int) -> None:
+        if len(self.jobs) < MAX_JOBS:
+            self.enqueue([max_attempts])
+
+    def enqueue(self, max_attempts: list[int]) -> None:
+        new = [
+            protocol.NewJob(
+                task_path="tests.testapp.tasks.noop",
+                args=[],
+                kwargs={},
+                queue=QUEUE,
+                backend="default",
+                priority=0,
+                max_attempts=n,
+            )
+            for n in max_attempts
+        ]
+        with self.admin.cursor() as cur:
+            done = protocol.enqueue(cur, new, notify=False)
+        for row, n in zip(done, max_attempts, strict=True):
+            self.jobs[row.id] = ModelJob(row.id, max_attempts=n)
+
+    # -- the worker's statements --------------------------------------------
+
+    @rule(worker=st.sampled_from(WORKERS), limit=st.integers(1, 3))
+    def claim(self, worker: str, limit: int) -> None:
+        ready = [j for j in self.jobs.values() if j.state == "available"]
+        with self.cursor(worker) as cur:
+            leases = protocol.claim(
+                cur, owner=worker, queues=[QUEUE], limit=limit, lease_seconds=LEASE_SECONDS
+            )
+        assert len(leases) == min(limit, len(ready)), "CLAIM takes what is ready, up to the limit"
+        for lease in leases:
+            job = self.jobs[lease.id]
+            assert job.state == "available", "CLAIM took a job that was not available"
+            assert lease.version == job.version + 1, "every claim issues a new token"
+            assert lease.attempt == job.attempt + 1
+            job.state, job.owner, job.expired = "running", worker, False
+            job.version, job.attempt = lease.version, lease.attempt
+            self.beliefs[worker].add((lease.id, lease.version))
+
+    @rule(worker=st.sampled_from(WORKERS))
+    def heartbeat(self, worker: str) -> None:
+        latest: dict[int, int] = {}
+        for job_id, version in self.beliefs[worker]:
+            latest[job_id] = max(version, latest.get(job_id, 0))
+        held = sorted(latest.items())  # One token per job, as the worker's loop holds it.
+        with self.cursor(worker) as cur:
+            renewed = protocol.heartbeat(cur, owner=worker, held=held, lease_seconds=LEASE_SECONDS)
+        expected = {job_id for job_id, v in held if self.holds(worker, job_id, v)}
+        assert renewed == expected, "HEARTBEAT renews exactly the leases still held"
+        for job_id, _ in held:
+            if job_id in renewed:
+                self.jobs[job_id].expired = False
+            else:  # The worker learns it lost the job.
+                self.beliefs[worker] = {b for b in self.beliefs[worker] if b[0] != job_id}
+
+    @precondition(lambda self: self.believing())
+    @rule(pick=st.integers(0, 50), fresh=st.booleans())
+    def complete(self, pick: int, fresh: bool) -> None:
+        worker, job_id, version = self.belief(pick, fresh)
+        valid = self.holds(worker, job_id, version)
+        with self.cursor(worker) as cur:
+            written = protocol.complete(cur, owner=worker, done=[(job_id, version, {"ok": 1})])
+        assert (job_id in written) == valid, "COMPLETE is written only by the token holder"
+        self.finish(worker, job_id, version, "completed" if valid else None)
+
+    @precondition(lambda self: self.believing())
+    @rule(pick=st.integers(0, 50), fresh=st.booleans())
+    def retry(self, pick: int, fresh: bool) -> None:
+        worker, job_id, version = self.belief(pick, fresh)
+        valid = self.holds(worker, job_id, version)
+        error = {"exception_class_path": "builtins.ValueError", "traceback": "boom"}
+        with self.cursor(worker) as cur:
+            written = protocol.retry(cur, owner=worker, failures=[(job_id, version, 0.0, error)])
+        assert (job_id in written) == valid, "RETRY is written only by the token holder"
+        if valid:
+            job = self.jobs[job_id]
+            state = "dead" if job.attempt >= job.max_attempts else "available"
+            assert written[job_id] == state, "RETRY kills a job whose attempts are used up"
+        self.finish(worker, job_id, version, written.get(job_id))
+
+    @precondition(lambda self: self.believing())
+    @rule(pick=st.integers(0, 50), fresh=st.booleans())
+    def fail(self, pick: int, fresh: bool) -> None:
+        worker, job_id, version = self.belief(pick, fresh)
+        valid = self.holds(worker, job_id, version)
+        error = {"exception_class_path": "x.Discard", "traceback": "no"}
+        with self.cursor(worker) as cur:
+            written = protocol.fail(cur, owner=worker, failures=[(job_id, version, error)])
+        assert (job_id in written) == valid, "FAIL is written only by the token holder"
+        self.finish(worker, job_id, version, "failed" if valid else None)
+
+    @precondition(lambda self: self.believing())
+    @rule(pick=st.integers(0, 50), fresh=st.booleans(), snooze=st.booleans())
+    def hand_back(self, pick: int, fresh: bool, snooze: bool) -> None:
+        """RELEASE (graceful shutdown) or SNOOZE: back to available, attempt returned."""
+        worker, job_id, version = self.belief(pick, fresh)
+        valid = self.holds(worker, job_id, version)
+        with self.cursor(worker) as cur:
+            if snooze:
+                written = protocol.snooze(cur, owner=worker, snoozed=[(job_id, version, 0.0)])
+            else:
+                written = protocol.release(cur, owner=worker, held=[(job_id, version)])
+        assert (job_id in written) == valid, "a hand-back is written only by the token holder"
+        if valid:
+            self.jobs[job_id].attempt -= 1
+        self.finish(worker, job_id, version, "available" if valid else None)
+
+    def finish(self, worker: str, job_id: int, version: int, state: str | None) -> None:
+        """The worker forgets the lease after writing its outcome, accepted or not."""
+        self.beliefs[worker].discard((job_id, version))
+        if state is not None:
+            self.jobs[job_id].state = state
+            self.jobs[job_id].expired = False
+
+    @precondition(lambda self: self.believing())
+    @rule(pick=st.integers(0, 50), fresh=st.booleans(), race=st.booleans())
+    def effect(self, pick: int, fresh: bool, race: bool) -> None:
+        """context.atomic(): lock under the token, write the effect, complete, one commit.
+
+        With `race`, the lease runs out just before the lock is taken and
+        another worker's reaper runs while the row is locked: it must skip
+        the job, so the handler cannot lose it between its check and commit.
+        """
+        worker, job_id, version = self.belief(pick, fresh)
+        valid = self.holds(worker, job_id, version)
+        if race and valid:
+            self.admin.execute(EXPIRE, {"id": job_id})
+            self.jobs[job_id].expired = True
+        conn = self.conns[worker]
+        with conn.transaction(), conn.cursor() as cur:
+            locked = protocol.lock_for_effect(cur, job_id=job_id, owner=worker, version=version)
+            assert locked == valid, "LOCK_FOR_EFFECT succeeds only for the token holder"
+            if locked:
+                cur.execute(
+                    INSERT_LEDGER,
+                    {"job": job_id, "key": EFFECT_KEY, "version": version, "worker": worker},
+                )
+                if race:
+                    reaper = WORKERS[(WORKERS.index(worker) + 1) % len(WORKERS)]
+                    with self.cursor(reaper) as reap_cur:
+                        self.apply_reap(protocol.reap(reap_cur), locked=job_id)
+                done = protocol.complete(cur, owner=worker, done=[(job_id, version, None)])
+                assert done == {job_id}, "the locked token holder always completes"
+        if locked:
+            self.jobs[job_id].effects += 1
+        self.finish(worker, job_id, version, "completed" if locked else None)
+
+    @rule(worker=st.sampled_from(WORKERS))
+    def reap(self, worker: str) -> None:
+        with self.cursor(worker) as cur:
+            self.apply_reap(protocol.reap(cur))
+
+    # -- time and the operator ---------------------------------------------
+
+    @rule(pick=st.integers(0, 50))
+    def expire(self, pick: int) -> None:
+        """Let a lease run out (stands in for time passing without a heartbeat)."""
+        job = self.job_at(pick)
+        self.admin.execute(EXPIRE, {"id": job.id})
+        if job.state == "running":
+            job.expired = True
+
+    @rule(worker=st.sampled_from(WORKERS), stay_down=st.booleans())
+    def freeze(self, worker: str, stay_down: bool) -> None:
+        """The worker stops past its leases (SIGSTOP): they expire, another reaps them.
+
+        It keeps believing in them; its later writes are the zombie's. Unless
+        `stay_down`, it wakes and claims again before its old handlers report,
+        possibly the same jobs under new tokens (same owner, older token).
+        """
+        for job in self.jobs.values():
+            if job.state == "running" and job.owner == worker:
+                self.admin.execute(EXPIRE, {"id": job.id})
+                job.expired = True
+        reaper = WORKERS[(WORKERS.index(worker) + 1) % len(WORKERS)]
+        with self.cursor(reaper) as cur:
+            self.apply_reap(protocol.reap(cur))
+        if not stay_down:
+            self.claim(worker, limit=len(self.jobs))
+
+    @rule(pick=st.integers(0, 50))
+    def requeue(self, pick: int) -> None:
+        job = self.job_at(pick)
+        with self.admin.cursor() as cur:
+            done = protocol.requeue(cur, ids=[job.id], notify=False)
+        requeueable = job.state in ("failed", "dead", "cancelled")
+        assert (job.id in done) == requeueable
+        if requeueable:
+            job.state, job.attempt = "available", 0
+
+    # -- invariants -----------------------------------------------------------
+
+    def rows(self) -> dict[int, tuple[Any, ...]]:
+        return {row[0]: row for row in self.admin.execute(JOBS_SQL).fetchall()}
+
+    @invariant()
+    def database_matches_model(self) -> None:
+        rows = self.rows()
+        assert set(rows) == set(self.jobs)
+        for job_id, (
+            _,
+            state,
+            attempt,
+            max_attempts,
+            owner,
+            version,
+            no_lease,
+            expired,
+        ) in rows.items():
+            job = self.jobs[job_id]
+            assert (state, attempt, owner, version) == (
+                job.state,
+                job.attempt,
+                job.owner,
+                job.version,
+            ), f"job {job_id}: database and model disagree"
+            assert state in STATES, f"job {job_id} is in an unknown state {state!r}"
+            assert no_lease == (state != "running"), "only a running job carries a lease"
+            if state == "running":
+                assert bool(expired) == job.expired
+                assert 1 <= attempt <= max_attempts, "a running attempt is within max_attempts"
+            assert attempt >= 0
+
+    @invariant()
+    def one_token_holder(self) -> None:
+        rows = self.rows()
+        for job_id, row in rows.items():
+            state, owner, version = row[1], row[4], row[5]
+            agreed = [
+                w
+                for w in WORKERS
+                if (job_id, version) in self.beliefs[w] and state == "running" and owner == w
+            ]
+            assert len(agreed) <= 1, f"job {job_id}: two workers hold a valid lease"
+            for worker in WORKERS:
+                for held_job, believed in self.beliefs[worker]:
+                    if held_job != job_id:
+                        continue
+                    assert believed <= version, "no worker holds a token newer than the job's"
+                    if believed == version:
+                        assert owner == worker, "a token belongs to the worker that claimed it"
+
+    @invariant()
+    def effects_exactly_once(self) -> None:
+        rows = self.rows()
+        entries: dict[int, list[tuple[int, str]]] = {}
+        for job_id, version, worker in self.admin.execute(LEDGER_SQL).fetchall():
+            entries.setdefault(job_id, []).append((version, worker))
+        for job_id, job in self.jobs.items():
+            mine = entries.get(job_id, [])
+            assert len(mine) == job.effects <= 1, f"job {job_id}: effect applied {len(mine)} times"
+            if mine:
+                state, owner, version = rows[job_id][1], rows[job_id][4], rows[job_id][5]
+                assert state == "completed", "an effect commits only with its completion"
+                assert mine[0] == (version, owner), "the effect carries the completing token"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_protocol_state_machine() -> None:
+    run_state_machine_as_test(ProtocolMachine, settings=MACHINE_SETTINGS)
