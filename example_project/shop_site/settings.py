@@ -2,10 +2,11 @@
 
 Configured from the environment with django-environ. With `DATABASE_URL`
 set, that PostgreSQL is used; without it, django-conveyor starts (or reuses)
-an embedded PostgreSQL in `var/pg-example` at the repository root, so a
-fresh machine needs only Python.
+an embedded PostgreSQL in `$CONVEYOR_DATA_DIR` (the scripts set it), else in
+`var/pg-example` at the repository root, so a fresh machine needs only Python.
 """
 
+import os
 from pathlib import Path
 
 import environ
@@ -22,7 +23,8 @@ SECRET_KEY = env.str("SECRET_KEY", default="example-shop-demo-key-not-for-produc
 DEBUG = env.bool("DEBUG", default=True)
 ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["127.0.0.1", "localhost"])
 
-DATABASES = {"default": env.db_url_config(database_url(VAR_DIR / "pg-example"))}
+DATA_DIR = os.environ.get("CONVEYOR_DATA_DIR") or VAR_DIR / "pg-example"
+DATABASES = {"default": env.db_url_config(database_url(DATA_DIR))}
 
 INSTALLED_APPS = [
     "django.contrib.admin",
