@@ -24,7 +24,6 @@ from dataclasses import dataclass, field
 from types import FrameType
 
 import psycopg
-from django.db import connections
 
 from . import executor, protocol
 from .conf import conveyor_settings
@@ -34,7 +33,8 @@ from .exceptions import ConveyorConfigurationError
 from .executor import Outcome
 from .listener import Listener
 from .logs import log_job
-from .protocol import Lease
+from .outcomes import write_batch
+from .slots import Held, SlotPool
 
 logger = logging.getLogger("django_conveyor.worker")
 
@@ -81,14 +81,6 @@ class WorkerOptions:
     stop_signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT)
 
 
-@dataclass(slots=True)
-class Held:
-    lease: Lease
-    state: LeaseState
-    started_at: float | None = None  # monotonic; None while buffered.
-    timeout: float | None = None
-
-
 @dataclass
 class Stats:
     counts: Counter[str] = field(default_factory=Counter)
@@ -115,18 +107,15 @@ class Worker:
         self.poll_seconds = options.poll_seconds or settings.POLL_SECONDS
         self.reap_seconds = settings.REAP_SECONDS
         self.fixed_prefetch = settings.PREFETCH if options.prefetch is None else options.prefetch
-        self.avg_duration: float | None = None  # EWMA of handler seconds, for adaptive prefetch
         self.listen = settings.LISTEN if options.listen is None else options.listen
         self.listener_dsn = settings.LISTENER_DSN
 
         self.held: dict[int, Held] = {}
         self.pending: dict[str, list[Outcome]] = {}  # Outcomes not yet committed.
-        self.ready: queue.SimpleQueue[Held | None] = queue.SimpleQueue()
         self.outcomes: queue.SimpleQueue[Outcome] = queue.SimpleQueue()
         self.wake_event = threading.Event()
         self.stopping = threading.Event()
-        self.busy_slots = 0
-        self.busy_lock = threading.Lock()
+        self.slots = SlotPool(options.concurrency, self.on_outcome)
         self.stats = Stats()
         self.conn: psycopg.Connection | None = None
         self.signals_seen = 0
@@ -145,12 +134,7 @@ class Worker:
             self.lease_seconds,
             "listen+poll" if self.listen else "poll-only",
         )
-        slots = [
-            threading.Thread(target=self.slot_loop, name=f"conveyor-slot-{i}", daemon=True)
-            for i in range(self.concurrency)
-        ]
-        for slot in slots:
-            slot.start()
+        self.slots.start()
         if self.listen:
             Listener(
                 database=self.database,
@@ -163,8 +147,7 @@ class Worker:
             self.control_loop()
             self.shut_down()
         finally:
-            for _ in slots:
-                self.ready.put(None)
+            self.slots.stop()
             if self.conn is not None:
                 self.conn.close()
         logger.info(
@@ -233,8 +216,7 @@ class Worker:
 
     def idle(self) -> bool:
         """Nothing held, nothing running, nothing left to write."""
-        with self.busy_lock:
-            busy = self.busy_slots
+        busy = self.slots.running()
         return not self.held and not busy and self.outcomes.empty() and not self.pending
 
     def ensure_connection(self) -> None:
@@ -263,16 +245,14 @@ class Worker:
         """
         if self.fixed_prefetch is not None:
             return self.fixed_prefetch
-        if self.avg_duration is None:
+        if self.slots.avg_duration is None:
             return self.concurrency
-        per_slot = CLAIM_AHEAD_SECONDS / max(self.avg_duration, 1e-6)
+        per_slot = CLAIM_AHEAD_SECONDS / max(self.slots.avg_duration, 1e-6)
         return max(1, min(MAX_PREFETCH, int(self.concurrency * per_slot)))
 
     def free_slots(self) -> int:
-        with self.busy_lock:
-            busy = self.busy_slots
-        waiting = self.ready.qsize()
-        return max(0, self.concurrency - busy) + self.prefetch() - waiting
+        busy = self.slots.running()
+        return max(0, self.concurrency - busy) + self.prefetch() - self.slots.waiting()
 
     def heartbeat(self) -> None:
         """Renew every lease in one statement; a lease missing from the result is lost.
@@ -383,7 +363,10 @@ class Worker:
             return 0
         assert self.conn is not None
         with self.conn.transaction(), self.conn.cursor() as cur:
-            written = {kind: self.write(cur, kind, batch) for kind, batch in self.pending.items()}
+            written = {
+                kind: write_batch(cur, self.worker_id, kind, batch)
+                for kind, batch in self.pending.items()
+            }
             leases = (
                 protocol.claim(
                     cur,
@@ -399,7 +382,7 @@ class Worker:
         for lease in leases:
             held = Held(lease, LeaseState(self.worker_id, lease.version, self.database))
             self.held[lease.id] = held
-            self.ready.put(held)
+            self.slots.submit(held)
         self.stats.add("claimed", len(leases))
         return len(leases)
 
@@ -417,56 +400,12 @@ class Worker:
                     self.stats.add(label)
         self.pending.clear()
 
-    def write(self, cur: psycopg.Cursor, kind: str, outcomes: list[Outcome]) -> dict[int, str]:
-        """One fenced statement for a batch of one kind; returns id -> what happened."""
-        owner = self.worker_id
-        if kind == executor.COMPLETE:
-            done = [(o.lease.id, o.lease.version, o.return_value) for o in outcomes]
-            return dict.fromkeys(protocol.complete(cur, owner=owner, done=done), "completed")
-        if kind == executor.RETRY:
-            failures = [(o.lease.id, o.lease.version, o.delay, o.error) for o in outcomes]
-            states = protocol.retry(cur, owner=owner, failures=failures)
-            return {i: "dead" if state == "dead" else "retried" for i, state in states.items()}
-        if kind == executor.FAIL:
-            failures = [(o.lease.id, o.lease.version, o.error) for o in outcomes]
-            return dict.fromkeys(protocol.fail(cur, owner=owner, failures=failures), "failed")
-        if kind == executor.SNOOZE:
-            snoozed = [(o.lease.id, o.lease.version, o.delay) for o in outcomes]
-            return dict.fromkeys(protocol.snooze(cur, owner=owner, snoozed=snoozed), "snoozed")
-        if kind == executor.DONE_IN_ATOMIC:
-            # context.atomic() already completed these; store what they returned.
-            done = [(o.lease.id, o.lease.version, o.return_value) for o in outcomes]
-            protocol.record_result(cur, owner=owner, done=done)
-            return {o.lease.id: "completed" for o in outcomes}
-        # LOST: the guarded transaction refused the handler; nothing to write.
-        return {}
-
     # -- slots ----------------------------------------------------------------
 
-    def slot_loop(self) -> None:
-        while True:
-            held = self.ready.get()
-            if held is None:
-                connections.close_all()  # This thread's handler connections.
-                return
-            if held.state.lost.is_set():
-                continue  # Handed back before it started.
-            with self.busy_lock:
-                self.busy_slots += 1
-            held.timeout = executor.task_timeout(held.lease.task_path)
-            held.started_at = time.monotonic()
-            try:
-                outcome = executor.execute(held.lease, held.state)
-            finally:
-                with self.busy_lock:
-                    self.busy_slots -= 1
-            self.observe_duration(time.monotonic() - held.started_at)
-            self.outcomes.put(outcome)
-            self.wake_event.set()
-
-    def observe_duration(self, seconds: float) -> None:
-        previous = self.avg_duration
-        self.avg_duration = seconds if previous is None else previous + 0.1 * (seconds - previous)
+    def on_outcome(self, outcome: Outcome) -> None:
+        """Called from a slot thread: queue the outcome and wake the control loop."""
+        self.outcomes.put(outcome)
+        self.wake_event.set()
 
     # -- shutdown -------------------------------------------------------------
 
@@ -496,15 +435,7 @@ class Worker:
             logger.warning("could not hand back leases (%s): they will expire and be reaped", exc)
 
     def release_waiting(self) -> None:
-        waiting = []
-        while True:
-            try:
-                held = self.ready.get_nowait()
-            except queue.Empty:
-                break
-            if held is not None:
-                held.state.mark_lost("handed back unstarted at shutdown")
-                waiting.append(held)
+        waiting = self.slots.take_waiting()
         try:
             self.ensure_connection()
             self.release(waiting, reason="never started")
