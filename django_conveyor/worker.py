@@ -195,11 +195,14 @@ class Worker:
                 self.expire_timeouts()
                 claimed = self.cycle()
                 failures = 0
-            except psycopg.OperationalError as exc:
+            except Exception as exc:  # The loop logs and carries on.
                 delay = RECONNECT_BACKOFF_SECONDS[min(failures, len(RECONNECT_BACKOFF_SECONDS) - 1)]
                 failures += 1
-                logger.warning("database unavailable (%s); reconnecting in %.1fs", exc, delay)
-                self.drop_connection()
+                if isinstance(exc, psycopg.OperationalError):
+                    logger.warning("database unavailable (%s); reconnecting in %.1fs", exc, delay)
+                else:
+                    logger.exception("control loop error; retrying in %.1fs", delay)
+                self.drop_connection()  # Pending outcomes are written again, fenced.
                 self.stopping.wait(delay)
                 continue
             if self.options.max_jobs and self.finished_attempts >= self.options.max_jobs:
@@ -421,7 +424,7 @@ class Worker:
                 if time.monotonic() >= next_heartbeat:
                     self.heartbeat()
                     next_heartbeat = time.monotonic() + self.heartbeat_seconds
-            except psycopg.OperationalError as exc:
+            except psycopg.Error as exc:
                 logger.warning("database unavailable during shutdown (%s)", exc)
                 self.drop_connection()
                 time.sleep(0.2)
@@ -431,7 +434,7 @@ class Worker:
             self.ensure_connection()
             self.cycle(claim=False)
             self.release(list(self.held.values()), reason="shutdown timeout reached")
-        except psycopg.OperationalError as exc:
+        except psycopg.Error as exc:
             logger.warning("could not hand back leases (%s): they will expire and be reaped", exc)
 
     def release_waiting(self) -> None:
@@ -439,7 +442,7 @@ class Worker:
         try:
             self.ensure_connection()
             self.release(waiting, reason="never started")
-        except psycopg.OperationalError as exc:
+        except psycopg.Error as exc:
             logger.warning("could not hand back leases (%s): they will expire and be reaped", exc)
 
     def release(self, helds: list[Held], *, reason: str) -> None:

@@ -1,0 +1,73 @@
+"""`manage.py conveyor_jobs requeue|cancel`: the operator's actions from a shell.
+
+Selects jobs by id or by state, queue and task, then changes them through the
+same operations (and so the same protocol statements) as the admin.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from django_conveyor import operations
+from django_conveyor.conf import conveyor_settings
+from django_conveyor.models import Job
+from django_conveyor.states import CANCELLABLE_STATES, REQUEUEABLE_STATES
+
+ACTIONS = {
+    "requeue": (operations.requeue, REQUEUEABLE_STATES),
+    "cancel": (operations.cancel, CANCELLABLE_STATES),
+}
+
+
+def id_list(text: str) -> list[int]:
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise CommandError(f"--ids takes comma-separated job ids, not {text!r}.") from None
+
+
+class Command(BaseCommand):
+    help = "Requeue failed, dead or cancelled jobs, or cancel jobs that have not started."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("action", choices=sorted(ACTIONS))
+        parser.add_argument("--ids", type=id_list, default=None, help="Comma-separated job ids.")
+        parser.add_argument("--state", default=None, help="Only jobs in this state.")
+        parser.add_argument("--queue", default=None, help="Only jobs of this queue.")
+        parser.add_argument("--task", default=None, help="Only jobs of this task path.")
+        parser.add_argument(
+            "--database", default=None, help="Alias (default CONVEYOR['DATABASE'])."
+        )
+        parser.add_argument(
+            "--dry-run", action="store_true", help="Show the count, change nothing."
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        action, allowed = ACTIONS[options["action"]]
+        database = options["database"] or conveyor_settings().DATABASE
+        if options["state"] and options["state"] not in allowed:
+            names = ", ".join(sorted(allowed))
+            raise CommandError(
+                f"Cannot {options['action']} jobs in state {options['state']!r}; "
+                f"choose one of: {names}."
+            )
+        if not any(options[k] for k in ("ids", "state", "queue", "task")):
+            raise CommandError("Select jobs with --ids, --state, --queue or --task.")
+        jobs = Job.objects.using(database).filter(
+            state__in=[options["state"]] if options["state"] else list(allowed)
+        )
+        if options["ids"]:
+            jobs = jobs.filter(pk__in=options["ids"])
+        if options["queue"]:
+            jobs = jobs.filter(queue=options["queue"])
+        if options["task"]:
+            jobs = jobs.filter(task_path=options["task"])
+        ids = list(jobs.values_list("id", flat=True))
+        if options["dry_run"]:
+            self.stdout.write(f"Would {options['action']} {len(ids)} job(s).")
+            return
+        changed = action(ids, database=database)
+        verb = {"requeue": "Requeued", "cancel": "Cancelled"}[options["action"]]
+        self.stdout.write(f"{verb} {len(changed)} job(s).")
