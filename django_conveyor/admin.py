@@ -15,6 +15,7 @@ from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 
 from . import operations
+from .conf import conveyor_settings
 from .models import DeadLetter, Job, LedgerEntry, Queue
 from .states import JobState
 
@@ -96,7 +97,18 @@ class LedgerInline(admin.TabularInline):
         return False
 
 
-class ReadOnlyAdmin(admin.ModelAdmin):
+def conveyor_database() -> str:
+    return conveyor_settings().DATABASE
+
+
+class ConveyorDatabaseAdmin(admin.ModelAdmin):
+    """Reads from CONVEYOR["DATABASE"], where the actions write (no router needed)."""
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
+        return super().get_queryset(request).using(conveyor_database())
+
+
+class ReadOnlyAdmin(ConveyorDatabaseAdmin):
     """Visible, actionable, never edited by form: state changes need the protocol."""
 
     def has_add_permission(self, request: HttpRequest) -> bool:
@@ -208,7 +220,7 @@ def resume_queues(
 
 
 @admin.register(Queue)
-class QueueAdmin(admin.ModelAdmin):
+class QueueAdmin(ConveyorDatabaseAdmin):
     list_display = ("name", "paused", "paused_at", "waiting", "running")
     actions = [pause_queues, resume_queues]
     readonly_fields = ("paused", "paused_at")
@@ -219,11 +231,13 @@ class QueueAdmin(admin.ModelAdmin):
 
     @admin.display(description="waiting")
     def waiting(self, obj: Queue) -> int:
-        return Job.objects.filter(queue=obj.name, state=JobState.AVAILABLE).count()
+        jobs = Job.objects.using(conveyor_database())
+        return jobs.filter(queue=obj.name, state=JobState.AVAILABLE).count()
 
     @admin.display(description="running")
     def running(self, obj: Queue) -> int:
-        return Job.objects.filter(queue=obj.name, state=JobState.RUNNING).count()
+        jobs = Job.objects.using(conveyor_database())
+        return jobs.filter(queue=obj.name, state=JobState.RUNNING).count()
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False

@@ -49,7 +49,7 @@ class JobContext(TaskContext):
     @property
     def idempotency_key(self) -> str:
         """Stable across attempts of this job: pass it to remote systems."""
-        return f"conveyor-job-{self.job_id}"
+        return f"conveyor-job-{self.task_result.id}"  # `alias:id` for a sharded job
 
     def effect_key(self, name: str) -> str:
         """A stable key for one named effect of this job (several per job)."""

@@ -22,7 +22,7 @@ from .context import JobContext, LeaseState
 from .exceptions import ArgumentsNotSerializable, Discard, LeaseLost, Snooze
 from .logs import log_job
 from .protocol import Lease
-from .results import ConveyorTaskResult
+from .results import ConveyorTaskResult, result_id
 from .serialization import json_round_trip
 
 logger = logging.getLogger("django_conveyor.executor")
@@ -94,7 +94,7 @@ def retry_delay(task: Task | None, attempt: int) -> float:
 def build_result(task: Task, lease: Lease, state: LeaseState) -> ConveyorTaskResult:
     return ConveyorTaskResult(
         task=task,
-        id=str(lease.id),
+        id=result_id(state.database, lease.id),
         status=TaskResultStatus.RUNNING,
         enqueued_at=lease.enqueued_at,
         started_at=lease.started_at,

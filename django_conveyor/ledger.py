@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from django.db import IntegrityError, connections, transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from .exceptions import ConveyorError
@@ -26,7 +26,7 @@ class EffectAlreadyApplied(ConveyorError):
 def record_effect(context: JobContext, effect_key: str) -> LedgerEntry:
     from .models import LedgerEntry
 
-    if not connections[context.database].in_atomic_block:
+    if not context.lease_state.in_atomic:
         raise RuntimeError("record_effect() must run inside context.atomic().")
     if not effect_key or len(effect_key) > 255:
         raise ValueError("effect_key must be a non-empty string of at most 255 characters.")

@@ -42,16 +42,27 @@ def known_queues() -> set[str]:
     for backend in task_backends.all():
         if isinstance(backend, ConveyorBackend):
             names |= set(backend.queues)
-    names |= set(Queue.objects.using(_database()).values_list("name", flat=True))
+    for database in conveyor_settings().databases():
+        names |= set(Queue.objects.using(database).values_list("name", flat=True))
     return names
+
+
+def _by_database(names: Iterable[str]) -> dict[str, list[str]]:
+    """Queue names grouped by the alias whose conveyor_queue the claims read."""
+    settings = conveyor_settings()
+    grouped: dict[str, list[str]] = {}
+    for name in names:
+        grouped.setdefault(settings.database_for(name), []).append(name)
+    return grouped
 
 
 def ensure_queues(names: Iterable[str]) -> None:
     from .models import Queue
 
-    Queue.objects.using(_database()).bulk_create(
-        [Queue(name=n) for n in names], ignore_conflicts=True
-    )
+    for database, group in _by_database(names).items():
+        Queue.objects.using(database).bulk_create(
+            [Queue(name=n) for n in group], ignore_conflicts=True
+        )
 
 
 def pause(names: Iterable[str]) -> int:
@@ -60,25 +71,31 @@ def pause(names: Iterable[str]) -> int:
 
     names = list(names)
     ensure_queues(names)
-    return (
-        Queue.objects.using(_database())
-        .filter(name__in=names, paused=False)
-        .update(paused=True, paused_at=timezone.now())
-    )
+    changed = 0
+    for database, group in _by_database(names).items():
+        changed += (
+            Queue.objects.using(database)
+            .filter(name__in=group, paused=False)
+            .update(paused=True, paused_at=timezone.now())
+        )
+    return changed
 
 
 def resume(names: Iterable[str]) -> int:
     """Let workers claim from these queues again, and wake them."""
     from .models import Queue
 
-    names = list(names)
-    with transaction.atomic(using=_database()):
-        changed = (
-            Queue.objects.using(_database())
-            .filter(name__in=names, paused=True)
-            .update(paused=False, paused_at=None)
-        )
-        with connections[_database()].cursor() as cursor:
-            for name in names:
-                cursor.execute(protocol.NOTIFY, {"channel": protocol.NOTIFY_CHANNEL, "queue": name})
+    changed = 0
+    for database, group in _by_database(names).items():
+        with transaction.atomic(using=database):
+            changed += (
+                Queue.objects.using(database)
+                .filter(name__in=group, paused=True)
+                .update(paused=False, paused_at=None)
+            )
+            with connections[database].cursor() as cursor:
+                for name in group:
+                    cursor.execute(
+                        protocol.NOTIFY, {"channel": protocol.NOTIFY_CHANNEL, "queue": name}
+                    )
     return changed

@@ -6,7 +6,8 @@ after the spec action it implements, and nothing else in the package writes
 
 States and the only transitions (DESIGN §3)::
 
-    blocked --deps done--> available --CLAIM--> running --COMPLETE--> completed
+    available --CLAIM--> running --COMPLETE--> completed
+    (blocked is reserved for jobs with dependencies; no statement creates it yet)
     available <--RETRY / SNOOZE / RELEASE / REAP-- running
     running --FAIL--> failed      running --RETRY / REAP (attempts used)--> dead
     blocked / available --CANCEL--> cancelled

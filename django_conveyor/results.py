@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from django.utils.module_loading import import_string
 
 from .compat import TASK_REFRESH_ATTRS, Task, TaskError, TaskResult, TaskResultDoesNotExist
+from .conf import conveyor_settings
 from .states import TASK_STATUS, JobState
 
 if TYPE_CHECKING:
@@ -33,14 +34,10 @@ class ConveyorTaskResult(TaskResult):
 
 def result_id(database: str, job_id: int) -> str:
     """The public id: the bare job id in the main database, `alias:id` in a shard."""
-    from .conf import conveyor_settings
-
     return str(job_id) if database == conveyor_settings().DATABASE else f"{database}:{job_id}"
 
 
 def parse_result_id(value: str) -> tuple[str, int]:
-    from .conf import conveyor_settings
-
     alias, _, number = str(value).rpartition(":")
     try:
         return alias or conveyor_settings().DATABASE, int(number)
@@ -78,7 +75,7 @@ def result_from_job(
     task = task or resolve_task(job.task_path)
     result = ConveyorTaskResult(
         task=task,
-        id=result_id(database or job._state.db or "default", job.id),
+        id=result_id(database or job._state.db or conveyor_settings().DATABASE, job.id),
         status=TASK_STATUS[JobState(job.state)],
         enqueued_at=job.enqueued_at,
         started_at=job.started_at,

@@ -75,9 +75,11 @@ class Supervisor:
             return
         code = os.waitstatus_to_exitcode(status)
         clean = code == 0
-        if not clean:
-            self.exit_code = self.exit_code or 1
         if self.stopping or (self.burst and clean):
+            # A child that ends badly while stopping fails the whole run; one
+            # that died earlier and was restarted does not.
+            if not clean:
+                self.exit_code = self.exit_code or 1
             logger.info("worker process %d exited with %d", pid, code)
             return
         ran_for = time.monotonic() - started
@@ -85,7 +87,6 @@ class Supervisor:
         self.failures[slot] = failures
         delay = RESTART_DELAYS_SECONDS[min(failures, len(RESTART_DELAYS_SECONDS) - 1)]
         logger.warning("worker process %d died (exit %d); restarting in %.1fs", pid, code, delay)
-        self.exit_code = 0
         time.sleep(delay)
         if not self.stopping:
             self.spawn(slot)

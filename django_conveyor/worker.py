@@ -108,7 +108,8 @@ class Worker:
         self.reap_seconds = settings.REAP_SECONDS
         self.fixed_prefetch = settings.PREFETCH if options.prefetch is None else options.prefetch
         self.listen = settings.LISTEN if options.listen is None else options.listen
-        self.listener_dsn = settings.LISTENER_DSN
+        # The listener DSN reaches CONVEYOR["DATABASE"]; shard workers use their own.
+        self.listener_dsn = settings.LISTENER_DSN if self.database == settings.DATABASE else None
 
         self.held: dict[int, Held] = {}
         self.pending: dict[str, list[Outcome]] = {}  # Outcomes not yet committed.
@@ -310,6 +311,8 @@ class Worker:
                 continue
             if now - held.started_at < held.timeout:
                 continue
+            if held.state.in_atomic:
+                continue  # Its row is locked by its guarded block: decide once it ends.
             del self.held[held.lease.id]
             held.state.mark_lost(f"timed out after {held.timeout:g}s")
             error = {
@@ -446,6 +449,9 @@ class Worker:
             logger.warning("could not hand back leases (%s): they will expire and be reaped", exc)
 
     def release(self, helds: list[Held], *, reason: str) -> None:
+        # A job inside its guarded block holds its row lock: handing it back
+        # would wait for the block. It commits, or rolls back and is reaped.
+        helds = [h for h in helds if not h.state.in_atomic]
         if not helds:
             return
         for held in helds:

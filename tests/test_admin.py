@@ -8,7 +8,7 @@ from django_conveyor.models import Job, Queue
 from tests.factories import JobFactory, LedgerEntryFactory
 from tests.helpers import run_burst
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "shard"])
 
 
 @pytest.fixture

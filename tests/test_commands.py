@@ -7,7 +7,7 @@ from django.core.management.base import CommandError
 from django_conveyor.models import Job, Queue
 from tests.factories import JobFactory
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "shard"])
 
 
 def test_requeue_dead_jobs_of_a_task(capsys):

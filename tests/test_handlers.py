@@ -196,3 +196,23 @@ def test_lease_lost_is_told_to_the_handler_and_its_outcome_is_not_written():
     row = job(result)
     assert (row.state, row.attempt) == ("available", 1)
     assert row.errors[0]["exception_class_path"] == "django_conveyor.exceptions.LeaseLost"
+
+
+def test_record_effect_outside_the_guarded_block_is_refused():
+    result = tasks.effect_outside_atomic.enqueue()
+    run_burst()
+    row = job(result)
+    assert row.state == "failed"
+    assert "record_effect() must run inside context.atomic()" in row.errors[0]["traceback"]
+    assert not LedgerEntry.objects.exists()
+
+
+def test_context_carries_a_stable_key_per_job():
+    first = tasks.report_keys.enqueue()
+    second = tasks.report_keys.enqueue()
+    run_burst()
+    a, b = job(first).return_value, job(second).return_value
+    assert a["key"] == f"conveyor-job-{first.id}"
+    assert a["effect"] == f"conveyor-job-{first.id}-charge"
+    assert a["key"] != b["key"]
+    assert a["token"] == job(first).lease_version

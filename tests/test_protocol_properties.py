@@ -42,11 +42,14 @@ QUEUE = "default"
 LEASE_SECONDS = 30.0
 EFFECT_KEY = "effect"
 MAX_JOBS = 8
+# What a handler's attempt can end in; the effect is context.atomic()'s path.
+OUTCOMES = ("effect", "effect_racing_reaper", "complete", "retry", "fail", "release", "snooze")
 STATES = frozenset(s.value for s in JobState)
+Cursor = psycopg.Cursor[Any]
 
 MACHINE_SETTINGS = settings(
-    max_examples=int(os.environ.get("PROPS_EXAMPLES", "50")),
-    stateful_step_count=20,
+    max_examples=int(os.environ.get("CONVEYOR_PROPERTY_EXAMPLES", "100")),
+    stateful_step_count=25,
     deadline=None,
     database=None,  # No example database written into the repository.
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
@@ -124,7 +127,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         job = self.jobs[job_id]
         return job.state == "running" and job.owner == worker and job.version == version
 
-    def cursor(self, worker: str) -> psycopg.Cursor[Any]:
+    def cursor(self, worker: str) -> Cursor:
         return self.conns[worker].cursor()
 
     def apply_reap(self, reaped: list[protocol.Reaped], locked: int | None = None) -> None:
@@ -143,9 +146,15 @@ class ProtocolMachine(RuleBasedStateMachine):
 
     # -- setup ----------------------------------------------------------------
 
-    @initialize(max_attempts=st.lists(st.integers(1, 3), min_size=1, max_size=4))
-    def start(self, max_attempts: list[int]) -> None:
+    @initialize(
+        max_attempts=st.lists(st.integers(1, 3), min_size=1, max_size=4),
+        claimers=st.lists(st.sampled_from(WORKERS), max_size=3),
+    )
+    def start(self, max_attempts: list[int], claimers: list[str]) -> None:
+        """Jobs, and first claims: every example starts with work in flight."""
         self.enqueue(max_attempts)
+        for worker in claimers:
+            self.claim(worker, limit=1)
 
     @rule(max_attempts=st.integers(1, 3))
     def enqueue_one(self, max_attempts: int) -> None:
@@ -206,75 +215,65 @@ class ProtocolMachine(RuleBasedStateMachine):
                 self.beliefs[worker] = {b for b in self.beliefs[worker] if b[0] != job_id}
 
     @precondition(lambda self: self.believing())
-    @rule(pick=st.integers(0, 50), fresh=st.booleans())
-    def complete(self, pick: int, fresh: bool) -> None:
+    @rule(pick=st.integers(0, 50), fresh=st.booleans(), kind=st.sampled_from(OUTCOMES))
+    def outcome(self, pick: int, fresh: bool, kind: str) -> None:
+        """A handler reports: the worker writes its outcome under the token it holds."""
         worker, job_id, version = self.belief(pick, fresh)
         valid = self.holds(worker, job_id, version)
-        with self.cursor(worker) as cur:
-            written = protocol.complete(cur, owner=worker, done=[(job_id, version, {"ok": 1})])
-        assert (job_id in written) == valid, "COMPLETE is written only by the token holder"
-        self.finish(worker, job_id, version, "completed" if valid else None)
-
-    @precondition(lambda self: self.believing())
-    @rule(pick=st.integers(0, 50), fresh=st.booleans())
-    def retry(self, pick: int, fresh: bool) -> None:
-        worker, job_id, version = self.belief(pick, fresh)
-        valid = self.holds(worker, job_id, version)
-        error = {"exception_class_path": "builtins.ValueError", "traceback": "boom"}
-        with self.cursor(worker) as cur:
-            written = protocol.retry(cur, owner=worker, failures=[(job_id, version, 0.0, error)])
-        assert (job_id in written) == valid, "RETRY is written only by the token holder"
-        if valid:
-            job = self.jobs[job_id]
-            state = "dead" if job.attempt >= job.max_attempts else "available"
-            assert written[job_id] == state, "RETRY kills a job whose attempts are used up"
-        self.finish(worker, job_id, version, written.get(job_id))
-
-    @precondition(lambda self: self.believing())
-    @rule(pick=st.integers(0, 50), fresh=st.booleans())
-    def fail(self, pick: int, fresh: bool) -> None:
-        worker, job_id, version = self.belief(pick, fresh)
-        valid = self.holds(worker, job_id, version)
-        error = {"exception_class_path": "x.Discard", "traceback": "no"}
-        with self.cursor(worker) as cur:
-            written = protocol.fail(cur, owner=worker, failures=[(job_id, version, error)])
-        assert (job_id in written) == valid, "FAIL is written only by the token holder"
-        self.finish(worker, job_id, version, "failed" if valid else None)
-
-    @precondition(lambda self: self.believing())
-    @rule(pick=st.integers(0, 50), fresh=st.booleans(), snooze=st.booleans())
-    def hand_back(self, pick: int, fresh: bool, snooze: bool) -> None:
-        """RELEASE (graceful shutdown) or SNOOZE: back to available, attempt returned."""
-        worker, job_id, version = self.belief(pick, fresh)
-        valid = self.holds(worker, job_id, version)
-        with self.cursor(worker) as cur:
-            if snooze:
-                written = protocol.snooze(cur, owner=worker, snoozed=[(job_id, version, 0.0)])
-            else:
-                written = protocol.release(cur, owner=worker, held=[(job_id, version)])
-        assert (job_id in written) == valid, "a hand-back is written only by the token holder"
-        if valid:
-            self.jobs[job_id].attempt -= 1
-        self.finish(worker, job_id, version, "available" if valid else None)
-
-    def finish(self, worker: str, job_id: int, version: int, state: str | None) -> None:
-        """The worker forgets the lease after writing its outcome, accepted or not."""
+        if kind.startswith("effect"):
+            state = self.effect(worker, job_id, version, valid, race=kind == "effect_racing_reaper")
+        else:
+            with self.cursor(worker) as cur:
+                state = getattr(self, kind)(cur, worker, job_id, version, valid)
+        # The worker forgets the attempt once it reported, accepted or not.
         self.beliefs[worker].discard((job_id, version))
         if state is not None:
             self.jobs[job_id].state = state
             self.jobs[job_id].expired = False
 
-    @precondition(lambda self: self.believing())
-    @rule(pick=st.integers(0, 50), fresh=st.booleans(), race=st.booleans())
-    def effect(self, pick: int, fresh: bool, race: bool) -> None:
+    def complete(self, cur: Cursor, worker: str, job_id: int, version: int, valid: bool) -> Any:
+        written = protocol.complete(cur, owner=worker, done=[(job_id, version, {"ok": 1})])
+        assert (job_id in written) == valid, "COMPLETE is written only by the token holder"
+        return "completed" if valid else None
+
+    def retry(self, cur: Cursor, worker: str, job_id: int, version: int, valid: bool) -> Any:
+        error = {"exception_class_path": "builtins.ValueError", "traceback": "boom"}
+        written = protocol.retry(cur, owner=worker, failures=[(job_id, version, 0.0, error)])
+        assert (job_id in written) == valid, "RETRY is written only by the token holder"
+        if valid:
+            job = self.jobs[job_id]
+            state = "dead" if job.attempt >= job.max_attempts else "available"
+            assert written[job_id] == state, "RETRY kills a job whose attempts are used up"
+        return written.get(job_id)
+
+    def fail(self, cur: Cursor, worker: str, job_id: int, version: int, valid: bool) -> Any:
+        error = {"exception_class_path": "django_conveyor.exceptions.Discard", "traceback": ""}
+        written = protocol.fail(cur, owner=worker, failures=[(job_id, version, error)])
+        assert (job_id in written) == valid, "FAIL is written only by the token holder"
+        return "failed" if valid else None
+
+    def release(self, cur: Cursor, worker: str, job_id: int, version: int, valid: bool) -> Any:
+        written = protocol.release(cur, owner=worker, held=[(job_id, version)])
+        return self.handed_back(job_id, written, valid)
+
+    def snooze(self, cur: Cursor, worker: str, job_id: int, version: int, valid: bool) -> Any:
+        written = protocol.snooze(cur, owner=worker, snoozed=[(job_id, version, 0.0)])
+        return self.handed_back(job_id, written, valid)
+
+    def handed_back(self, job_id: int, written: set[int], valid: bool) -> Any:
+        """RELEASE and SNOOZE: back to available, the attempt given back."""
+        assert (job_id in written) == valid, "a hand-back is written only by the token holder"
+        if valid:
+            self.jobs[job_id].attempt -= 1
+        return "available" if valid else None
+
+    def effect(self, worker: str, job_id: int, version: int, valid: bool, *, race: bool) -> Any:
         """context.atomic(): lock under the token, write the effect, complete, one commit.
 
         With `race`, the lease runs out just before the lock is taken and
         another worker's reaper runs while the row is locked: it must skip
         the job, so the handler cannot lose it between its check and commit.
         """
-        worker, job_id, version = self.belief(pick, fresh)
-        valid = self.holds(worker, job_id, version)
         if race and valid:
             self.admin.execute(EXPIRE, {"id": job_id})
             self.jobs[job_id].expired = True
@@ -295,7 +294,7 @@ class ProtocolMachine(RuleBasedStateMachine):
                 assert done == {job_id}, "the locked token holder always completes"
         if locked:
             self.jobs[job_id].effects += 1
-        self.finish(worker, job_id, version, "completed" if locked else None)
+        return "completed" if locked else None
 
     @rule(worker=st.sampled_from(WORKERS))
     def reap(self, worker: str) -> None:

@@ -43,3 +43,28 @@ def test_ids_do_not_collide_across_shards():
 def test_a_worker_never_spans_databases():
     with pytest.raises(Exception, match=r"span several: default on 'default'; other on 'shard'"):
         Worker(WorkerOptions(queues=("default", "other")))
+
+
+def test_pausing_a_sharded_queue_pauses_it_where_workers_claim():
+    from django_conveyor import operations
+    from django_conveyor.models import Queue
+
+    result = tasks.add.using(queue_name="other").enqueue(1, 2)
+    operations.pause(["other"])
+    assert Queue.objects.using("shard").get(name="other").paused
+    worker = run_burst(queues=("other",))
+    assert worker.stats.counts["claimed"] == 0
+    operations.resume(["other"])
+    run_burst(queues=("other",))
+    result.refresh()
+    assert result.return_value == 3
+
+
+def test_a_sharded_jobs_context_knows_its_alias():
+    result = tasks.apply_once.using(queue_name="other").enqueue("x")
+    run_burst(queues=("other",))
+    result.refresh()
+    from django_conveyor.models import LedgerEntry
+
+    entry = LedgerEntry.objects.using("shard").get()
+    assert str(entry.job_id) == result.id.split(":")[1]

@@ -132,3 +132,22 @@ def exits():
 def in_transaction_enqueue(label):
     with transaction.atomic():
         Effect.objects.create(job_id=0, token=0, worker="", label=label)
+
+
+@task(takes_context=True)
+def effect_outside_atomic(context):
+    with transaction.atomic():
+        try:
+            context.record_effect("unguarded")
+        except RuntimeError as exc:
+            raise Discard(str(exc)) from exc
+
+
+@task(takes_context=True)
+def report_keys(context):
+    return {
+        "key": context.idempotency_key,
+        "effect": context.effect_key("charge"),
+        "token": context.token,
+        "held": context.lease_held(),
+    }

@@ -6,10 +6,13 @@ pruning a large history never holds long locks on the claim path.
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connections, transaction
+from django.db.models import DateTimeField, ExpressionWrapper
+from django.db.models.functions import Now
 
 from django_conveyor import protocol
 from django_conveyor.conf import conveyor_settings
@@ -71,16 +74,12 @@ class Command(BaseCommand):
         self.stdout.write(f"{verb} {total} finished job(s) older than {older_than:g}s.")
 
     def count(self, database: str, queues: list[str], older_than: float) -> int:
-        from datetime import timedelta
-
-        from django.utils import timezone
-
+        """What PRUNE would delete, judged by the database's clock as PRUNE is."""
+        cutoff = ExpressionWrapper(
+            Now() - timedelta(seconds=older_than), output_field=DateTimeField()
+        )
         return (
             Job.objects.using(database)
-            .filter(
-                state__in=list(FINAL_STATES),
-                queue__in=queues,
-                finished_at__lt=timezone.now() - timedelta(seconds=older_than),
-            )
+            .filter(state__in=list(FINAL_STATES), queue__in=queues, finished_at__lt=cutoff)
             .count()
         )

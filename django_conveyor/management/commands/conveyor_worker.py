@@ -113,7 +113,7 @@ class Command(BaseCommand):
             "--prefetch",
             type=int,
             default=None,
-            help="Jobs claimed ahead beyond busy slots (default: concurrency).",
+            help="Jobs claimed ahead of free slots (default: adaptive, see CONVEYOR['PREFETCH']).",
         )
         parser.add_argument(
             "--max-tasks",
