@@ -8,6 +8,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db.models import Count, Q
 
 from django_conveyor import operations
+from django_conveyor.conf import conveyor_settings
 from django_conveyor.models import Job, Queue
 
 
@@ -32,14 +33,20 @@ class Command(BaseCommand):
         self.stdout.write(f"{action.capitalize()}d {changed} queue(s).")
 
     def list_queues(self) -> None:
-        paused = set(Queue.objects.filter(paused=True).values_list("name", flat=True))
-        counts = {
-            row["queue"]: row
-            for row in Job.objects.values("queue").annotate(
-                waiting=Count("id", filter=Q(state="available")),
-                running=Count("id", filter=Q(state="running")),
+        paused: set[str] = set()
+        counts: dict[str, dict[str, int]] = {}
+        for database in conveyor_settings().databases():
+            queues = Queue.objects.using(database).filter(paused=True)
+            paused |= set(queues.values_list("name", flat=True))
+            rows = (
+                Job.objects.using(database)
+                .values("queue")
+                .annotate(
+                    waiting=Count("id", filter=Q(state="available")),
+                    running=Count("id", filter=Q(state="running")),
+                )
             )
-        }
+            counts.update({row["queue"]: row for row in rows})
         for name in sorted(operations.known_queues() | set(counts)):
             row = counts.get(name, {"waiting": 0, "running": 0})
             flag = "paused" if name in paused else "active"
