@@ -20,7 +20,9 @@ LOCK_FOR_EFFECT) matches the row on `id`, `state = 'running'`, `lease_owner`
 *and* `lease_version`. A write that matches zero rows is stale: the lease
 was reaped, handed to another worker, or cancelled. Callers treat zero rows
 as a return value (log it, count it), never as an exception, except inside
-`context.atomic()`, where the handler must stop.
+`context.atomic()`, where the handler must stop. Every write that ends a
+lease (RETRY, FAIL, SNOOZE, RELEASE, REAP) clears `lease_owner`; only CLAIM
+bumps `lease_version`; a COMPLETE row keeps the owner that completed it.
 
 The clock. Leases are compared with the database's `now()`, never a
 worker's clock, so clock skew between hosts cannot break them. REAP takes
@@ -147,7 +149,7 @@ SET state = CASE WHEN j.attempt >= j.max_attempts THEN 'dead' ELSE 'available' E
     run_after = now() + make_interval(secs => h.delay),
     finished_at = CASE WHEN j.attempt >= j.max_attempts THEN now() END,
     errors = j.errors || {_ERROR_ENTRY},
-    lease_expires_at = NULL
+    lease_owner = NULL, lease_expires_at = NULL
 {_HELD}, delay float8, error jsonb)
 WHERE j.id = h.id AND j.state = 'running'
   AND j.lease_owner = %(owner)s AND j.lease_version = h.version
@@ -157,7 +159,7 @@ RETURNING j.id, j.state
 FAIL = f"""
 UPDATE conveyor_job AS j
 SET state = 'failed', finished_at = now(), errors = j.errors || {_ERROR_ENTRY},
-    lease_expires_at = NULL
+    lease_owner = NULL, lease_expires_at = NULL
 {_HELD}, error jsonb)
 WHERE j.id = h.id AND j.state = 'running'
   AND j.lease_owner = %(owner)s AND j.lease_version = h.version
@@ -167,7 +169,7 @@ RETURNING j.id
 SNOOZE = f"""
 UPDATE conveyor_job AS j
 SET state = 'available', attempt = j.attempt - 1,
-    run_after = now() + make_interval(secs => h.delay), lease_expires_at = NULL
+    run_after = now() + make_interval(secs => h.delay), lease_owner = NULL, lease_expires_at = NULL
 {_HELD}, delay float8)
 WHERE j.id = h.id AND j.state = 'running'
   AND j.lease_owner = %(owner)s AND j.lease_version = h.version
@@ -176,7 +178,7 @@ RETURNING j.id
 
 RELEASE = f"""
 UPDATE conveyor_job AS j
-SET state = 'available', attempt = j.attempt - 1, lease_expires_at = NULL
+SET state = 'available', attempt = j.attempt - 1, lease_owner = NULL, lease_expires_at = NULL
 {_HELD})
 WHERE j.id = h.id AND j.state = 'running'
   AND j.lease_owner = %(owner)s AND j.lease_version = h.version
@@ -192,7 +194,7 @@ FOR UPDATE
 
 REAP = """
 WITH expired AS (
-    SELECT id FROM conveyor_job
+    SELECT id, lease_owner FROM conveyor_job
     WHERE state = 'running' AND lease_expires_at < now()
     ORDER BY lease_expires_at
     LIMIT %(limit)s
@@ -202,6 +204,7 @@ UPDATE conveyor_job AS j
 SET state = CASE WHEN j.attempt >= j.max_attempts THEN 'dead' ELSE 'available' END,
     finished_at = CASE WHEN j.attempt >= j.max_attempts THEN now() END,
     run_after = now(),
+    lease_owner = NULL,
     lease_expires_at = NULL,
     errors = j.errors || jsonb_build_array(jsonb_build_object(
         'attempt', j.attempt, 'worker', j.lease_owner, 'token', j.lease_version,
@@ -211,7 +214,7 @@ SET state = CASE WHEN j.attempt >= j.max_attempts THEN 'dead' ELSE 'available' E
         'time', now()))
 FROM expired
 WHERE j.id = expired.id
-RETURNING j.id, j.state, j.task_path, j.queue, j.attempt, j.lease_owner, j.lease_version
+RETURNING j.id, j.state, j.task_path, j.queue, j.attempt, expired.lease_owner, j.lease_version
 """
 
 REQUEUE = """
