@@ -99,6 +99,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         # (job, token) pairs a worker acts on: its control loop's lease plus
         # older attempts whose handlers have not reported yet (zombies).
         self.beliefs: dict[str, set[tuple[int, int]]] = {w: set() for w in WORKERS}
+        self.issued: dict[tuple[int, int], str] = {}  # (job, token) -> the claimer
 
     def teardown(self) -> None:
         for conn in [self.admin, *self.conns.values()]:
@@ -127,6 +128,13 @@ class ProtocolMachine(RuleBasedStateMachine):
         job = self.jobs[job_id]
         return job.state == "running" and job.owner == worker and job.version == version
 
+    def latest_tokens(self, worker: str) -> dict[int, int]:
+        """One token per job, the newest: what the worker's control loop holds."""
+        latest: dict[int, int] = {}
+        for job_id, version in self.beliefs[worker]:
+            latest[job_id] = max(version, latest.get(job_id, 0))
+        return latest
+
     def cursor(self, worker: str) -> Cursor:
         return self.conns[worker].cursor()
 
@@ -142,7 +150,8 @@ class ProtocolMachine(RuleBasedStateMachine):
             job.state = "dead" if job.attempt >= job.max_attempts else "available"
             job.expired = False
             assert row.state == job.state
-            assert (row.owner, row.version) == (job.owner, job.version)
+            assert (row.owner, row.version) == (job.owner, job.version), "REAP names the loser"
+            job.owner = None
 
     # -- setup ----------------------------------------------------------------
 
@@ -193,6 +202,8 @@ class ProtocolMachine(RuleBasedStateMachine):
             job = self.jobs[lease.id]
             assert job.state == "available", "CLAIM took a job that was not available"
             assert lease.version == job.version + 1, "every claim issues a new token"
+            assert (lease.id, lease.version) not in self.issued
+            self.issued[lease.id, lease.version] = worker
             assert lease.attempt == job.attempt + 1
             job.state, job.owner, job.expired = "running", worker, False
             job.version, job.attempt = lease.version, lease.attempt
@@ -200,10 +211,7 @@ class ProtocolMachine(RuleBasedStateMachine):
 
     @rule(worker=st.sampled_from(WORKERS))
     def heartbeat(self, worker: str) -> None:
-        latest: dict[int, int] = {}
-        for job_id, version in self.beliefs[worker]:
-            latest[job_id] = max(version, latest.get(job_id, 0))
-        held = sorted(latest.items())  # One token per job, as the worker's loop holds it.
+        held = sorted(self.latest_tokens(worker).items())
         with self.cursor(worker) as cur:
             renewed = protocol.heartbeat(cur, owner=worker, held=held, lease_seconds=LEASE_SECONDS)
         expected = {job_id for job_id, v in held if self.holds(worker, job_id, v)}
@@ -218,7 +226,9 @@ class ProtocolMachine(RuleBasedStateMachine):
     @rule(pick=st.integers(0, 50), fresh=st.booleans(), kind=st.sampled_from(OUTCOMES))
     def outcome(self, pick: int, fresh: bool, kind: str) -> None:
         """A handler reports: the worker writes its outcome under the token it holds."""
-        worker, job_id, version = self.belief(pick, fresh)
+        self.report(*self.belief(pick, fresh), kind)
+
+    def report(self, worker: str, job_id: int, version: int, kind: str) -> None:
         valid = self.holds(worker, job_id, version)
         if kind.startswith("effect"):
             state = self.effect(worker, job_id, version, valid, race=kind == "effect_racing_reaper")
@@ -228,15 +238,19 @@ class ProtocolMachine(RuleBasedStateMachine):
         # The worker forgets the attempt once it reported, accepted or not.
         self.beliefs[worker].discard((job_id, version))
         if state is not None:
-            self.jobs[job_id].state = state
-            self.jobs[job_id].expired = False
+            job = self.jobs[job_id]
+            job.state, job.expired = state, False
+            if state != "completed":
+                job.owner = None  # A lease that ends clears its owner; COMPLETE keeps it.
 
-    def complete(self, cur: Cursor, worker: str, job_id: int, version: int, valid: bool) -> Any:
+    def complete(
+        self, cur: Cursor, worker: str, job_id: int, version: int, valid: bool
+    ) -> str | None:
         written = protocol.complete(cur, owner=worker, done=[(job_id, version, {"ok": 1})])
         assert (job_id in written) == valid, "COMPLETE is written only by the token holder"
         return "completed" if valid else None
 
-    def retry(self, cur: Cursor, worker: str, job_id: int, version: int, valid: bool) -> Any:
+    def retry(self, cur: Cursor, worker: str, job_id: int, version: int, valid: bool) -> str | None:
         error = {"exception_class_path": "builtins.ValueError", "traceback": "boom"}
         written = protocol.retry(cur, owner=worker, failures=[(job_id, version, 0.0, error)])
         assert (job_id in written) == valid, "RETRY is written only by the token holder"
@@ -246,33 +260,40 @@ class ProtocolMachine(RuleBasedStateMachine):
             assert written[job_id] == state, "RETRY kills a job whose attempts are used up"
         return written.get(job_id)
 
-    def fail(self, cur: Cursor, worker: str, job_id: int, version: int, valid: bool) -> Any:
+    def fail(self, cur: Cursor, worker: str, job_id: int, version: int, valid: bool) -> str | None:
         error = {"exception_class_path": "django_conveyor.exceptions.Discard", "traceback": ""}
         written = protocol.fail(cur, owner=worker, failures=[(job_id, version, error)])
         assert (job_id in written) == valid, "FAIL is written only by the token holder"
         return "failed" if valid else None
 
-    def release(self, cur: Cursor, worker: str, job_id: int, version: int, valid: bool) -> Any:
+    def release(
+        self, cur: Cursor, worker: str, job_id: int, version: int, valid: bool
+    ) -> str | None:
         written = protocol.release(cur, owner=worker, held=[(job_id, version)])
         return self.handed_back(job_id, written, valid)
 
-    def snooze(self, cur: Cursor, worker: str, job_id: int, version: int, valid: bool) -> Any:
+    def snooze(
+        self, cur: Cursor, worker: str, job_id: int, version: int, valid: bool
+    ) -> str | None:
         written = protocol.snooze(cur, owner=worker, snoozed=[(job_id, version, 0.0)])
         return self.handed_back(job_id, written, valid)
 
-    def handed_back(self, job_id: int, written: set[int], valid: bool) -> Any:
+    def handed_back(self, job_id: int, written: set[int], valid: bool) -> str | None:
         """RELEASE and SNOOZE: back to available, the attempt given back."""
         assert (job_id in written) == valid, "a hand-back is written only by the token holder"
         if valid:
             self.jobs[job_id].attempt -= 1
         return "available" if valid else None
 
-    def effect(self, worker: str, job_id: int, version: int, valid: bool, *, race: bool) -> Any:
+    def effect(
+        self, worker: str, job_id: int, version: int, valid: bool, *, race: bool
+    ) -> str | None:
         """context.atomic(): lock under the token, write the effect, complete, one commit.
 
-        With `race`, the lease runs out just before the lock is taken and
-        another worker's reaper runs while the row is locked: it must skip
-        the job, so the handler cannot lose it between its check and commit.
+        With `race`, the lease runs out just before the lock is taken, and
+        while the row is locked another worker's reaper runs (it must skip the
+        job, so the handler cannot lose it between its check and commit) and
+        the worker's own loop heartbeats (it must not wait for the lock).
         """
         if race and valid:
             self.admin.execute(EXPIRE, {"id": job_id})
@@ -290,11 +311,32 @@ class ProtocolMachine(RuleBasedStateMachine):
                     reaper = WORKERS[(WORKERS.index(worker) + 1) % len(WORKERS)]
                     with self.cursor(reaper) as reap_cur:
                         self.apply_reap(protocol.reap(reap_cur), locked=job_id)
+                    self.heartbeat_beside_lock(worker, locked=job_id)
                 done = protocol.complete(cur, owner=worker, done=[(job_id, version, None)])
                 assert done == {job_id}, "the locked token holder always completes"
         if locked:
             self.jobs[job_id].effects += 1
         return "completed" if locked else None
+
+    def heartbeat_beside_lock(self, worker: str, *, locked: int) -> None:
+        """The worker's control loop heartbeats while its handler holds a row lock.
+
+        HEARTBEAT must neither wait for the lock nor renew the locked row; the
+        worker's other leases are renewed as usual.
+        """
+        latest = self.latest_tokens(worker)
+        with self.admin.cursor() as cur:  # Stands in for the worker's control connection.
+            renewed = protocol.heartbeat(
+                cur, owner=worker, held=sorted(latest.items()), lease_seconds=LEASE_SECONDS
+            )
+        expected = {
+            job_id
+            for job_id, v in latest.items()
+            if job_id != locked and self.holds(worker, job_id, v)
+        }
+        assert renewed == expected, "HEARTBEAT skips the locked row and renews the rest"
+        for job_id in renewed:
+            self.jobs[job_id].expired = False
 
     @rule(worker=st.sampled_from(WORKERS))
     def reap(self, worker: str) -> None:
@@ -311,13 +353,17 @@ class ProtocolMachine(RuleBasedStateMachine):
         if job.state == "running":
             job.expired = True
 
-    @rule(worker=st.sampled_from(WORKERS), stay_down=st.booleans())
-    def freeze(self, worker: str, stay_down: bool) -> None:
+    @rule(
+        worker=st.sampled_from(WORKERS),
+        stay_down=st.booleans(),
+        kind=st.sampled_from(OUTCOMES),
+    )
+    def freeze(self, worker: str, stay_down: bool, kind: str) -> None:
         """The worker stops past its leases (SIGSTOP): they expire, another reaps them.
 
         It keeps believing in them; its later writes are the zombie's. Unless
-        `stay_down`, it wakes and claims again before its old handlers report,
-        possibly the same jobs under new tokens (same owner, older token).
+        `stay_down`, it wakes, claims again (possibly the same jobs under new
+        tokens: same owner, older token) and one of its old handlers reports.
         """
         for job in self.jobs.values():
             if job.state == "running" and job.owner == worker:
@@ -328,6 +374,9 @@ class ProtocolMachine(RuleBasedStateMachine):
             self.apply_reap(protocol.reap(cur))
         if not stay_down:
             self.claim(worker, limit=len(self.jobs))
+            stale = sorted(b for b in self.beliefs[worker] if not self.holds(worker, *b))
+            if stale:
+                self.report(worker, *stale[0], kind)
 
     @rule(pick=st.integers(0, 50))
     def requeue(self, pick: int) -> None:
@@ -383,13 +432,14 @@ class ProtocolMachine(RuleBasedStateMachine):
                 if (job_id, version) in self.beliefs[w] and state == "running" and owner == w
             ]
             assert len(agreed) <= 1, f"job {job_id}: two workers hold a valid lease"
+            if owner is not None:
+                assert self.issued[job_id, version] == owner, "the owner holds the current token"
             for worker in WORKERS:
                 for held_job, believed in self.beliefs[worker]:
                     if held_job != job_id:
                         continue
                     assert believed <= version, "no worker holds a token newer than the job's"
-                    if believed == version:
-                        assert owner == worker, "a token belongs to the worker that claimed it"
+                    assert self.issued[job_id, believed] == worker, "a token has one holder"
 
     @invariant()
     def effects_exactly_once(self) -> None:

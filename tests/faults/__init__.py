@@ -1,0 +1,1 @@
+"""Fault-injection harness: real workers, a real PostgreSQL, injected faults."""

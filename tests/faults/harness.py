@@ -1,0 +1,345 @@
+"""The fault run: a private PostgreSQL, real workers, injectors, then the verdict."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import random
+import shutil
+import signal
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from . import pg, verify
+from .injectors import Injector, Kill9, PgRestart, SigStop
+from .proxy import FaultProxy
+from .workers import WorkerPool
+
+logger = logging.getLogger("faults")
+
+SCENARIOS = ("kill9", "sigstop", "pg-restart", "network")
+LATENCY_SECONDS = 0.030
+DROP_RATE = 0.05
+FAULT_WINDOW = 0.7  # Faults stop at this fraction of the deadline, to let the rest settle.
+MONITOR_SECONDS = 0.5
+ALL_PACE = 3.0  # Together, each fault strikes this many times less often.
+
+NOT_FINAL = "SELECT count(*) FROM conveyor_job WHERE state <> ALL(%(final)s)"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Params:
+    scenario: str
+    jobs: int
+    workers: int
+    concurrency: int
+    seed: int
+    work_seconds: tuple[float, float]  # Handler sleep before its guarded transaction.
+    inside_seconds: tuple[float, float]  # Handler sleep inside it (holding the row lock).
+    timeout: float
+    out: Path
+    keep: Path | None
+
+    @property
+    def faults(self) -> tuple[str, ...]:
+        return SCENARIOS if self.scenario == "all" else (self.scenario,)
+
+
+def parse_args(argv: list[str] | None) -> Params:
+    parser = argparse.ArgumentParser(description="Run a fault-injection scenario.")
+    parser.add_argument("--scenario", required=True, choices=[*SCENARIOS, "all"])
+    parser.add_argument("--jobs", type=int, default=60)
+    parser.add_argument("--out", type=Path, required=True, help="Folder for fault-NAME.json.")
+    parser.add_argument("--workers", type=int, default=3, help="Worker processes (default 3).")
+    parser.add_argument("--concurrency", type=int, default=2, help="Slots per worker (default 2).")
+    parser.add_argument("--seed", type=int, default=None, help="Seed for jobs and faults.")
+    parser.add_argument("--work", type=float, nargs=2, default=(0.1, 1.0), metavar=("MIN", "MAX"))
+    parser.add_argument(
+        "--inside", type=float, nargs=2, default=(0.0, 0.05), metavar=("MIN", "MAX")
+    )
+    parser.add_argument("--timeout", type=float, default=None, help="Deadline in seconds.")
+    parser.add_argument("--keep", type=Path, default=None, help="Copy worker logs here.")
+    args = parser.parse_args(argv)
+    if args.jobs < 1 or args.workers < 2 or args.concurrency < 1:
+        parser.error("--jobs and --concurrency must be 1 or more, --workers 2 or more.")
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**31)
+    slots = args.workers * args.concurrency
+    timeout = args.timeout or 60 + 4 * args.jobs * sum(args.work) / 2 / slots
+    return Params(
+        scenario=args.scenario,
+        jobs=args.jobs,
+        workers=args.workers,
+        concurrency=args.concurrency,
+        seed=seed,
+        work_seconds=tuple(args.work),
+        inside_seconds=tuple(args.inside),
+        timeout=timeout,
+        out=args.out,
+        keep=args.keep,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s faults %(message)s")
+    params = parse_args(argv)
+    os.environ.pop("DATABASE_URL", None)  # The harness needs a server it can crash.
+    signal.signal(signal.SIGTERM, _interrupt)
+    work = Path(tempfile.mkdtemp(prefix="conveyor-faults-"))
+    run = Run(params, work)
+    try:
+        result = run.execute()
+    finally:
+        run.tear_down()
+        if params.keep:
+            params.keep.mkdir(parents=True, exist_ok=True)
+            for log in (work / "logs").glob("*.log"):
+                shutil.copy(log, params.keep / log.name)
+        shutil.rmtree(work, ignore_errors=True)
+    params.out.mkdir(parents=True, exist_ok=True)
+    path = params.out / f"fault-{params.scenario}.json"
+    path.write_text(json.dumps(result, indent=2, sort_keys=False) + "\n")
+    summary = {
+        k: result[k]
+        for k in (
+            "completed",
+            "lost",
+            "duplicate_effects",
+            "stale_outcomes_rejected",
+            "fencing_violations",
+        )
+    }
+    logger.info("%s: %s in %.1fs -> %s", params.scenario, summary, result["duration_s"], path)
+    for failure in result["failures"]:
+        logger.error("FAIL: %s", failure)
+    return 0 if result["passed"] else 1
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+class Run:
+    def __init__(self, params: Params, work: Path) -> None:
+        self.params = params
+        self.rng = random.Random(params.seed)
+        self.data_dir = work / "pgdata"
+        self.log_dir = work / "logs"
+        self.log_dir.mkdir()
+        self.pg_port = pg.free_port()
+        self.proxy: FaultProxy | None = None
+        self.pool: WorkerPool | None = None
+        self.injectors: list[Injector] = []
+        self.stop_faults = threading.Event()
+        self.pg_started = False
+        self.respawned = 0
+        self.progress: list[tuple[float, int]] = []  # (seconds, jobs final)
+
+    def execute(self) -> dict[str, Any]:
+        p = self.params
+        logger.info(
+            "%s: %d jobs, %d workers x %d, seed %d, deadline %.0fs",
+            p.scenario,
+            p.jobs,
+            p.workers,
+            p.concurrency,
+            p.seed,
+            p.timeout,
+        )
+        self.pg_started = True  # Set first: a start that fails halfway is stopped too.
+        pg.start(self.data_dir, self.pg_port)
+        self.migrate()
+        self.enqueue()
+        worker_port = self.pg_port
+        if "network" in p.faults:
+            worker_port = pg.free_port()
+            self.proxy = FaultProxy(
+                listen_port=worker_port,
+                upstream_port=self.pg_port,
+                latency=LATENCY_SECONDS,
+                drop_rate=DROP_RATE,
+                seed=self.rng.randrange(2**31),
+            )
+            self.proxy.start()
+        self.pool = WorkerPool(
+            count=p.workers, concurrency=p.concurrency, db_port=worker_port, log_dir=self.log_dir
+        )
+        started = time.monotonic()
+        self.pool.start_all()
+        self.start_injectors()
+        settled_at = self.wait_for_final(started)
+        self.stop_injectors()
+        if "sigstop" in p.faults:
+            # A zombie thawed just now still has handlers asleep: let them wake
+            # and report (and be refused) before SIGTERM ends the process.
+            time.sleep(p.work_seconds[1] + p.inside_seconds[1] + 1.0)
+        self.pool.stop_all()
+        if self.proxy:
+            self.proxy.stop()
+        duration = time.monotonic() - started
+        pg.start(self.data_dir, self.pg_port)  # Up again, whatever the injector left.
+        facts = verify.read_logs(sorted(self.log_dir.glob("*.log")))
+        with pg.connect(self.pg_port) as conn:
+            figures = verify.check(conn, p.jobs, facts)
+        failed = verify.failures(figures, require_stale=p.scenario == "sigstop")
+        return self.report(figures, failed, duration, settled_at)
+
+    def migrate(self) -> None:
+        os.environ["DJANGO_SETTINGS_MODULE"] = "tests.faults.settings"
+        os.environ["CONVEYOR_FAULTS_PG_PORT"] = str(self.pg_port)
+        import django
+        from django.core.management import call_command
+        from django.db import connections
+
+        django.setup()
+        call_command("migrate", verbosity=0)
+        connections.close_all()
+
+    def enqueue(self) -> None:
+        from django_conveyor import protocol
+
+        from .settings import CONVEYOR, QUEUE
+        from .tasks import TASK_PATH
+
+        p = self.params
+        jobs = [
+            protocol.NewJob(
+                task_path=TASK_PATH,
+                args=[
+                    round(self.rng.uniform(*p.work_seconds), 3),
+                    round(self.rng.uniform(*p.inside_seconds), 3),
+                ],
+                kwargs={},
+                queue=QUEUE,
+                backend="default",
+                priority=0,
+                max_attempts=int(CONVEYOR["MAX_ATTEMPTS"]),
+            )
+            for _ in range(p.jobs)
+        ]
+        with pg.connect(self.pg_port) as conn, conn.transaction(), conn.cursor() as cur:
+            protocol.enqueue(cur, jobs, notify=True)
+
+    def start_injectors(self) -> None:
+        assert self.pool is not None
+        from .settings import LEASE_SECONDS
+
+        def rng() -> random.Random:
+            return random.Random(self.rng.randrange(2**31))
+
+        common = {
+            "stop": self.stop_faults,
+            "pace": ALL_PACE if self.params.scenario == "all" else 1.0,
+        }
+        worker = {"pool": self.pool, "db_port": self.pg_port}
+        if "kill9" in self.params.faults:
+            self.injectors.append(Kill9(rng=rng(), **common, **worker))
+        if "sigstop" in self.params.faults:
+            self.injectors.append(
+                SigStop(rng=rng(), lease_seconds=LEASE_SECONDS, **common, **worker)
+            )
+        if "pg-restart" in self.params.faults:
+            self.injectors.append(
+                PgRestart(rng=rng(), data_dir=self.data_dir, port=self.pg_port, **common)
+            )
+        for injector in self.injectors:
+            injector.start()
+
+    def wait_for_final(self, started: float) -> float | None:
+        """Until every job is final or the deadline; faults stop at the fault window."""
+        assert self.pool is not None
+        final = list(verify.FINAL_STATES)
+        while (elapsed := time.monotonic() - started) < self.params.timeout:
+            if elapsed > self.params.timeout * FAULT_WINDOW:
+                self.stop_injectors()
+            self.respawned += self.pool.respawn_exited()
+            rows = pg.query(self.pg_port, NOT_FINAL, {"final": final})
+            if rows is not None:
+                self.progress.append((round(elapsed, 1), self.params.jobs - rows[0][0]))
+                if rows[0][0] == 0:
+                    return elapsed
+            time.sleep(MONITOR_SECONDS)
+        return None
+
+    def stop_injectors(self) -> None:
+        self.stop_faults.set()
+        for injector in self.injectors:
+            injector.join(30)
+
+    def tear_down(self) -> None:
+        self.stop_injectors()
+        if self.pool is not None:
+            self.pool.stop_all(grace=10)
+        if self.proxy is not None:
+            self.proxy.stop()
+        if self.pg_started:
+            pg.stop(self.data_dir)
+
+    def report(
+        self, figures: dict[str, Any], failed: list[str], duration: float, settled: float | None
+    ) -> dict[str, Any]:
+        from django_conveyor.conf import conveyor_settings
+
+        p = self.params
+        conf = conveyor_settings()
+        faults: dict[str, int] = {}
+        for injector in self.injectors:
+            faults.update(injector.counts)
+            if injector.error is not None:
+                failed.append(f"The {injector.name} injector failed: {injector.error!r}")
+        if self.proxy is not None:
+            faults.update({f"proxy_{k}": v for k, v in self.proxy.counts.items()})
+        assert self.pool is not None
+        faults["worker_incarnations"] = len(self.pool.history)
+        faults["workers_respawned_after_exit"] = self.respawned
+        head = {
+            k: figures.pop(k)
+            for k in (
+                "jobs",
+                "completed",
+                "lost",
+                "duplicate_effects",
+                "stale_outcomes_rejected",
+                "fencing_violations",
+            )
+        }
+        return {
+            "scenario": p.scenario,
+            **head,
+            "passed": not failed,
+            "failures": failed,
+            "duration_s": round(duration, 1),
+            "all_final_after_s": None if settled is None else round(settled, 1),
+            "parameters": {
+                "workers": p.workers,
+                "concurrency": p.concurrency,
+                "lease_s": conf.LEASE_SECONDS,
+                "heartbeat_s": conf.HEARTBEAT_SECONDS,
+                "reap_s": conf.REAP_SECONDS,
+                "max_attempts": conf.MAX_ATTEMPTS,
+                "seed": p.seed,
+                "handler_work_s": list(p.work_seconds),
+                "handler_inside_transaction_s": list(p.inside_seconds),
+                "deadline_s": round(p.timeout, 1),
+                "faults": list(p.faults),
+                "network_latency_s": LATENCY_SECONDS if "network" in p.faults else None,
+                "network_drop_rate": DROP_RATE if "network" in p.faults else None,
+            },
+            "faults_injected": faults,
+            "final_jobs_over_time": self.progress[:: max(1, len(self.progress) // 20)],
+            **figures,
+            "environment": {
+                "python": platform.python_version(),
+                "postgresql": pg.server_version(self.data_dir),
+                "cpus": os.cpu_count(),
+                "finished_at": datetime.now(UTC).isoformat(timespec="seconds"),
+            },
+        }

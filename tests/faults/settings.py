@@ -1,0 +1,56 @@
+"""Django settings for the fault harness's worker processes and its own checks.
+
+The harness starts its own PostgreSQL and passes its address in the
+environment: `CONVEYOR_FAULTS_PG_PORT` is where workers connect (the fault
+proxy's port in the `network` scenario, the server's port otherwise).
+Leases are short so that every injected fault resolves within seconds.
+"""
+
+import os
+
+SECRET_KEY = "fault-harness-only-not-secret"
+DEBUG = False
+USE_TZ = True
+TIME_ZONE = "UTC"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+DATABASES = {
+    "default": {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": "postgres",
+        "USER": "postgres",
+        "HOST": "127.0.0.1",
+        "PORT": os.environ.get("CONVEYOR_FAULTS_PG_PORT", "5432"),
+        "CONN_MAX_AGE": 0,
+        # A dead server or a dropped proxy connection must fail fast, not hang.
+        "OPTIONS": {"connect_timeout": 3, "application_name": "conveyor-faults"},
+    }
+}
+
+INSTALLED_APPS = ["django_conveyor", "tests.testapp"]
+try:  # Django 5.2: the backport is an app of its own.
+    import django.tasks  # noqa: F401
+except ImportError:
+    INSTALLED_APPS.append("django_tasks")
+
+QUEUE = "faults"
+TASKS = {
+    "default": {
+        "BACKEND": "django_conveyor.backend.ConveyorBackend",
+        "QUEUES": [QUEUE],
+    }
+}
+
+LEASE_SECONDS = 2.0
+CONVEYOR = {
+    "LEASE_SECONDS": LEASE_SECONDS,
+    "HEARTBEAT_SECONDS": 0.5,
+    "REAP_SECONDS": 0.5,
+    "POLL_SECONDS": 0.2,
+    "SHUTDOWN_TIMEOUT_SECONDS": 5.0,
+    "BACKOFF_BASE_SECONDS": 0.05,
+    "BACKOFF_CAP_SECONDS": 0.5,
+    # Infrastructure faults cost attempts (each restart or drop fails the
+    # attempts in flight); the pass criterion is that every job completes.
+    "MAX_ATTEMPTS": 100,
+}

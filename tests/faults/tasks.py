@@ -1,0 +1,31 @@
+"""The one handler the fault runs enqueue: work, then apply its effect once."""
+
+from __future__ import annotations
+
+import time
+
+from django_conveyor import task
+from django_conveyor.context import JobContext
+from tests.testapp.models import Effect
+
+from .settings import QUEUE
+
+EFFECT_KEY = "fault-effect"
+TASK_PATH = "tests.faults.tasks.apply_effect"
+
+
+@task(takes_context=True, queue_name=QUEUE)
+def apply_effect(context: JobContext, work_seconds: float, inside_seconds: float) -> int:
+    """Sleep (a window for faults), then write the effect, ledger entry and completion.
+
+    Part of the time is spent inside the guarded transaction, holding the job
+    row lock, so faults also land between the lock and the commit.
+    """
+    time.sleep(work_seconds)
+    with context.atomic():
+        Effect.objects.create(
+            job_id=context.job_id, token=context.token, worker=context.worker_id, label=EFFECT_KEY
+        )
+        context.record_effect(EFFECT_KEY)
+        time.sleep(inside_seconds)
+    return context.token

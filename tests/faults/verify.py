@@ -1,0 +1,162 @@
+"""What a run proved: the database's final word, and what the workers logged.
+
+Everything here reads the harness's own PostgreSQL directly (not through
+the fault proxy) after the workers have stopped.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+FINAL_STATES = ("completed", "failed", "dead", "cancelled")
+
+STATES = "SELECT state, count(*) FROM conveyor_job GROUP BY state"
+
+ATTEMPTS = """
+SELECT coalesce(sum(attempt), 0), coalesce(max(attempt), 0),
+       count(*) FILTER (WHERE attempt > max_attempts)
+FROM conveyor_job
+"""
+
+# Rows beyond the first, per job: in the ledger and in the business table.
+DUPLICATES = """
+SELECT
+  (SELECT coalesce(sum(n - 1), 0) FROM
+     (SELECT count(*) AS n FROM conveyor_ledger GROUP BY job_id) AS l),
+  (SELECT coalesce(sum(n - 1), 0) FROM
+     (SELECT count(*) AS n FROM testapp_effect GROUP BY job_id) AS e)
+"""
+
+# Completed jobs that lack their effect (a completion without its commit).
+MISSING = """
+SELECT count(*) FROM conveyor_job AS j
+WHERE j.state = 'completed'
+  AND (NOT EXISTS (SELECT 1 FROM conveyor_ledger AS l WHERE l.job_id = j.id)
+       OR NOT EXISTS (SELECT 1 FROM testapp_effect AS e WHERE e.job_id = j.id))
+"""
+
+# Jobs with an effect written under a token that was not the one that
+# completed the job: a different version or owner, or a job not completed.
+FENCING = """
+SELECT count(DISTINCT j.id) FROM conveyor_job AS j
+LEFT JOIN conveyor_ledger AS l ON l.job_id = j.id
+LEFT JOIN testapp_effect AS e ON e.job_id = j.id
+WHERE (l.id IS NOT NULL OR e.id IS NOT NULL)
+  AND (j.state <> 'completed'
+       OR (l.id IS NOT NULL AND (l.lease_version <> j.lease_version OR l.worker <> j.lease_owner))
+       OR (e.id IS NOT NULL AND (e.token <> j.lease_version OR e.worker <> j.lease_owner)))
+"""
+
+FINAL_TOKENS = "SELECT id, state, lease_version FROM conveyor_job WHERE id = ANY(%(ids)s)"
+
+# A refused outcome: the fence rejected it, or the worker knew its lease was gone,
+# or the guarded transaction found another token. "done_in_atomic" is not one:
+# that commit held (older workers mislabelled it when a heartbeat raced it).
+STALE_LINE = re.compile(
+    r"job=(\d+) .*?token=(\d+) (?:stale outcome \((?!done_in_atomic)|raised LeaseLost)"
+)
+LEASE_LOST_LINE = re.compile(r"job=(\d+) .*?token=(\d+) lease lost")
+STATS_LINE = re.compile(r"worker (\S+) stopped: (\{.*\})\s*$")
+RECONNECT_LINE = re.compile(r"database unavailable")
+
+
+@dataclass(slots=True)
+class LogFacts:
+    stale: set[tuple[int, int]] = field(default_factory=set)  # (job, token) refused
+    leases_lost: set[tuple[int, int]] = field(default_factory=set)
+    reconnects: int = 0
+    stats: Counter[str] = field(default_factory=Counter)  # summed final stats lines
+    clean_exits: int = 0
+
+
+def read_logs(paths: Iterable[Path]) -> LogFacts:
+    facts = LogFacts()
+    for path in paths:
+        for line in path.read_text(errors="replace").splitlines():
+            if match := STALE_LINE.search(line):
+                facts.stale.add((int(match[1]), int(match[2])))
+            elif match := LEASE_LOST_LINE.search(line):
+                facts.leases_lost.add((int(match[1]), int(match[2])))
+            elif RECONNECT_LINE.search(line):
+                facts.reconnects += 1
+            elif match := STATS_LINE.search(line):
+                facts.clean_exits += 1
+                facts.stats.update(ast.literal_eval(match[2]))
+    return facts
+
+
+def check(conn: psycopg.Connection, jobs: int, facts: LogFacts) -> dict[str, Any]:
+    """The figures of the run and the pass criteria they meet or fail."""
+    states = dict(conn.execute(STATES).fetchall())
+    attempts, max_attempt, over_max = conn.execute(ATTEMPTS).fetchone()  # type: ignore[misc]
+    dup_ledger, dup_effects = conn.execute(DUPLICATES).fetchone()  # type: ignore[misc]
+    (missing,) = conn.execute(MISSING).fetchone()  # type: ignore[misc]
+    (fencing,) = conn.execute(FENCING).fetchone()  # type: ignore[misc]
+    confirmed = confirm_stale(conn, facts.stale)
+    completed = states.get("completed", 0)
+    lost = sum(n for state, n in states.items() if state not in FINAL_STATES)
+    figures: dict[str, Any] = {
+        "jobs": jobs,
+        "completed": completed,
+        "lost": lost,
+        "duplicate_effects": int(dup_ledger) + int(dup_effects),
+        "stale_outcomes_rejected": len(facts.stale),
+        "fencing_violations": fencing,
+        "missing_effects": missing,
+        "states": states,
+        "duplicate_ledger_entries": int(dup_ledger),
+        "duplicate_business_rows": int(dup_effects),
+        "stale_outcomes_confirmed_by_db": confirmed,
+        "leases_lost_seen_by_workers": len(facts.leases_lost),
+        "attempts_total": int(attempts),
+        "attempts_max": max_attempt,
+        "attempts_over_max": over_max,
+        "worker_reconnects_logged": facts.reconnects,
+        "worker_clean_exits": facts.clean_exits,
+        "worker_stats_of_clean_exits": dict(sorted(facts.stats.items())),
+    }
+    return figures
+
+
+def confirm_stale(conn: psycopg.Connection, stale: set[tuple[int, int]]) -> int:
+    """Refusals the data agrees with: a newer token took the job, or it was already final.
+
+    The second case is a commit whose acknowledgement was lost with the
+    connection: the job completed under that token, and the worker's
+    fallback retry write was (rightly) refused.
+    """
+    if not stale:
+        return 0
+    rows = conn.execute(FINAL_TOKENS, {"ids": sorted({job for job, _ in stale})}).fetchall()
+    final = {id_: (state, version) for id_, state, version in rows}
+    agreed = 0
+    for job, token in stale:
+        state, version = final.get(job, (None, -1))
+        agreed += version > token or (version == token and state in FINAL_STATES)
+    return agreed
+
+
+def failures(figures: dict[str, Any], *, require_stale: bool) -> list[str]:
+    """The pass criteria this run failed, as sentences (empty: it passed)."""
+    failed = []
+    if figures["completed"] != figures["jobs"]:
+        failed.append(f"{figures['jobs'] - figures['completed']} job(s) did not complete.")
+    if figures["lost"]:
+        failed.append(f"{figures['lost']} job(s) were not final at the deadline.")
+    if figures["duplicate_effects"]:
+        failed.append(f"{figures['duplicate_effects']} effect(s) were applied twice.")
+    if figures["fencing_violations"]:
+        failed.append(f"{figures['fencing_violations']} job(s) have an effect from a stale token.")
+    if figures["missing_effects"]:
+        failed.append(f"{figures['missing_effects']} completed job(s) have no effect.")
+    if require_stale and not figures["stale_outcomes_rejected"]:
+        failed.append("No stale outcome was rejected: the zombies never came back to write.")
+    return failed
