@@ -40,7 +40,7 @@ logger = logging.getLogger("django_conveyor.worker")
 
 RECONNECT_BACKOFF_SECONDS = (0.2, 0.5, 1.0, 2.0, 5.0)
 REAP_BATCH = 500
-CLAIM_AHEAD_SECONDS = 0.005  # Buffered work per slot: about one claim round trip.
+CLAIM_AHEAD_SECONDS = 0.02  # Buffered work per slot: a few claim round trips.
 MAX_PREFETCH = 256
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -252,7 +252,7 @@ class Worker:
         if self.slots.avg_duration is None:
             return self.concurrency
         per_slot = CLAIM_AHEAD_SECONDS / max(self.slots.avg_duration, 1e-6)
-        return max(1, min(MAX_PREFETCH, int(self.concurrency * per_slot)))
+        return min(MAX_PREFETCH, int(self.concurrency * per_slot))
 
     def free_slots(self) -> int:
         busy = self.slots.running()
@@ -368,7 +368,11 @@ class Worker:
         if not self.pending and limit <= 0:
             return 0
         assert self.conn is not None
-        with self.conn.transaction(), self.conn.cursor() as cur:
+        # One statement is its own transaction in autocommit: skip BEGIN and
+        # COMMIT round trips (an idle worker's claim is the latency path).
+        statements = len(self.pending) + (limit > 0)
+        transaction = self.conn.transaction() if statements > 1 else contextlib.nullcontext()
+        with transaction, self.conn.cursor() as cur:
             written = {
                 kind: write_batch(cur, self.worker_id, kind, batch)
                 for kind, batch in self.pending.items()
