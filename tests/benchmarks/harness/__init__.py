@@ -1,0 +1,1 @@
+"""Parent-side benchmark harness: standard library only."""

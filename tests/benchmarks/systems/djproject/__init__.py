@@ -1,0 +1,1 @@
+"""Minimal Django project shared by the Django-based systems (one at a time)."""

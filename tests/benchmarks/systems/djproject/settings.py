@@ -1,0 +1,52 @@
+"""Settings for the Django-based systems; BENCH_DJANGO_SYSTEM picks the backend."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+SYSTEM = os.environ.get("BENCH_DJANGO_SYSTEM", "conveyor")
+
+
+def _database(url: str) -> dict[str, Any]:
+    parts = urlsplit(url)
+    return {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": unquote(parts.path.lstrip("/")),
+        "USER": unquote(parts.username or ""),
+        "PASSWORD": unquote(parts.password or ""),
+        "HOST": parts.hostname or "",
+        "PORT": str(parts.port or ""),
+        "CONN_MAX_AGE": None,  # persistent connections: every system gets them
+    }
+
+
+SECRET_KEY = "benchmark-only-not-secret"
+DEBUG = False
+USE_TZ = True
+ALLOWED_HOSTS: list[str] = []
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+DATABASES = {"default": _database(os.environ["BENCH_DATABASE_URL"])}
+
+_APPS = {
+    "conveyor": "django_conveyor",
+    "django-tasks-db": "django_tasks_db",
+    "django-ox": "django_ox",
+}
+_BACKENDS = {
+    "conveyor": "django_conveyor.backend.ConveyorBackend",
+    "django-tasks-db": "django_tasks_db.backend.DatabaseBackend",
+    "django-ox": "django_ox.backend.OxBackend",
+}
+INSTALLED_APPS = ["django.contrib.contenttypes", _APPS[SYSTEM]]
+TASKS: dict[str, Any] = {
+    "default": {"BACKEND": _BACKENDS[SYSTEM], "QUEUES": ["default"]},
+}
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "root": {"handlers": ["console"], "level": "WARNING"},
+    "loggers": {"django.tasks": {"level": "WARNING"}, "django": {"level": "WARNING"}},
+}
