@@ -27,6 +27,7 @@ from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
+from django_conveyor.management.commands.conveyor_worker import positive_seconds
 from django_conveyor.models import Job, LedgerEntry
 from django_conveyor.states import FINAL_STATES, JobState
 from shop.models import GatewayCharge, Order, Payment
@@ -56,16 +57,6 @@ def port_number(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
     if not 1 <= value <= 65535:
         raise argparse.ArgumentTypeError(f"must be between 1 and 65535, got {value}")
-    return value
-
-
-def positive_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be more than zero seconds, got {text}")
     return value
 
 
