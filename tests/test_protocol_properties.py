@@ -86,6 +86,8 @@ class ModelJob:
 
 
 class ProtocolMachine(RuleBasedStateMachine):
+    checked_steps = 0  # Invariant checks run, across all examples.
+
     def __init__(self) -> None:
         super().__init__()
         self.admin = connect("default", prepare=False)
@@ -443,6 +445,7 @@ class ProtocolMachine(RuleBasedStateMachine):
 
     @invariant()
     def effects_exactly_once(self) -> None:
+        type(self).checked_steps += 1
         rows = self.rows()
         entries: dict[int, list[tuple[int, str]]] = {}
         for job_id, version, worker in self.admin.execute(LEDGER_SQL).fetchall():
@@ -458,4 +461,7 @@ class ProtocolMachine(RuleBasedStateMachine):
 
 @pytest.mark.django_db(transaction=True)
 def test_protocol_state_machine() -> None:
+    ProtocolMachine.checked_steps = 0
     run_state_machine_as_test(ProtocolMachine, settings=MACHINE_SETTINGS)
+    # The invariants above assert after every step; make sure steps ran at all.
+    assert ProtocolMachine.checked_steps > 100, "the state machine checked too few steps"
