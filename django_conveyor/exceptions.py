@@ -43,6 +43,15 @@ class InvalidTransition(ConveyorError):
     """The job is not in a state that allows the requested change."""
 
 
+class IdempotencyKeyReused(ConveyorError):
+    """An idempotency key already names a job with another task, arguments or queue."""
+
+    def __init__(self, message: str, *, job_id: int, key: str) -> None:
+        super().__init__(message)
+        self.job_id = job_id  # The job the key already names.
+        self.key = key
+
+
 class ArgumentsNotSerializable(ConveyorError, TypeError):
     """A task's arguments or return value cannot survive a JSON round trip."""
 

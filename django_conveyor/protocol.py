@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
+from .exceptions import IdempotencyKeyReused
 from .states import JobState
 
 NOTIFY_CHANNEL = "conveyor"
@@ -73,7 +74,8 @@ FROM inserted
 """
 
 EXISTING_BY_KEY = """
-SELECT id, idempotency_key, enqueued_at, run_after FROM conveyor_job
+SELECT id, idempotency_key, enqueued_at, run_after, task_path, args, kwargs, queue
+FROM conveyor_job
 WHERE idempotency_key = ANY(%(keys)s)
 """
 
@@ -324,7 +326,10 @@ def enqueue(cursor: Cursor, jobs: Sequence[NewJob], *, notify: bool) -> list[Enq
     """Insert jobs in the caller's transaction; NOTIFY is delivered on commit.
 
     A job whose idempotency key already exists is not inserted; the existing
-    job comes back with `created=False`.
+    job comes back with `created=False`. A key names one operation: if the
+    existing job has another task, other arguments or another queue,
+    `IdempotencyKeyReused` is raised. Nothing was written for that job, and
+    no statement failed, so the caller's transaction stays usable.
     """
     rows = [
         {
@@ -348,24 +353,59 @@ def enqueue(cursor: Cursor, jobs: Sequence[NewJob], *, notify: bool) -> list[Enq
     missing = [
         j.idempotency_key for j in jobs if j.idempotency_key and j.idempotency_key not in by_key
     ]
-    existing = {}
+    existing: dict[str, tuple[Any, ...]] = {}
     if missing:
         cursor.execute(EXISTING_BY_KEY, {"keys": missing})
-        existing = {key: (id_, at, after) for id_, key, at, after in cursor.fetchall()}
+        existing = {row[1]: row for row in cursor.fetchall()}
     results: list[Enqueued] = []
-    seen: set[str] = set()
+    seen: dict[str, NewJob] = {}
     for job in jobs:
         key = job.idempotency_key
         if key is None:
             id_, at, after = next(unkeyed)
             results.append(Enqueued(id_, at, after, created=True))
         elif key in by_key and key not in seen:
-            seen.add(key)
+            seen[key] = job
             results.append(Enqueued(*by_key[key], created=True))
         else:
-            id_, at, after = by_key.get(key) or existing[key]
+            if key in seen:
+                first = seen[key]
+                _check_same_operation(key, by_key[key][0], job, first.task_path, first.args,
+                                      first.kwargs, first.queue)  # fmt: skip
+                id_, at, after = by_key[key]
+            else:
+                id_, _, at, after, task_path, args, kwargs, queue = existing[key]
+                args, kwargs = _loaded(args), _loaded(kwargs)
+                _check_same_operation(key, id_, job, task_path, args, kwargs, queue)
             results.append(Enqueued(id_, at, after, created=False))
     return results
+
+
+def _loaded(value: Any) -> Any:
+    """jsonb as Python: Django's cursors hand it over as text, psycopg's decoded."""
+    return json.loads(value) if isinstance(value, str) else value
+
+
+def _check_same_operation(
+    key: str, job_id: int, job: NewJob, task_path: str, args: Any, kwargs: Any, queue: str
+) -> None:
+    differs = [
+        name
+        for name, mine, theirs in (
+            ("task", job.task_path, task_path),
+            ("arguments", (job.args, job.kwargs), (args, kwargs)),
+            ("queue", job.queue, queue),
+        )
+        if mine != theirs
+    ]
+    if differs:
+        raise IdempotencyKeyReused(
+            f"Idempotency key {key!r} already names job {job_id} ({task_path} on queue "
+            f"{queue!r}) that differs in its {' and '.join(differs)}; a key names one "
+            "operation, so use a new key for a different call.",
+            job_id=job_id,
+            key=key,
+        )
 
 
 def claim(

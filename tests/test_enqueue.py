@@ -13,7 +13,7 @@ from django_conveyor.compat import (
     task_backends,
 )
 from django_conveyor.dbconn import connect
-from django_conveyor.exceptions import ArgumentsNotSerializable
+from django_conveyor.exceptions import ArgumentsNotSerializable, IdempotencyKeyReused
 from django_conveyor.models import Job
 from django_conveyor.tasks import task
 from tests.factories import JobFactory
@@ -60,12 +60,36 @@ class TestTransactionalEnqueue:
 class TestIdempotentEnqueue:
     def test_same_key_twice_gives_one_job(self):
         first = tasks.add.using(idempotency_key="order-7").enqueue(1, 2)
-        second = tasks.add.using(idempotency_key="order-7").enqueue(5, 5)
+        second = tasks.add.using(idempotency_key="order-7").enqueue(1, 2)
         assert first.created is True
         assert second.created is False
         assert second.id == first.id
-        assert second.args == [1, 2]  # the existing job, not the new arguments
         assert Job.objects.filter(idempotency_key="order-7").count() == 1
+
+    @pytest.mark.parametrize(
+        ("call", "what"),
+        [
+            (lambda: tasks.add.using(idempotency_key="order-7").enqueue(5, 5), "arguments"),
+            (lambda: tasks.add.using(idempotency_key="order-7").enqueue(1, b=2), "arguments"),
+            (lambda: tasks.noop.using(idempotency_key="order-7").enqueue(1, 2), "task"),
+            (
+                lambda: tasks.add.using(idempotency_key="order-7", queue_name="emails").enqueue(
+                    1, 2
+                ),
+                "queue",
+            ),
+        ],
+    )
+    def test_same_key_for_another_operation_is_refused(self, call, what):
+        first = tasks.add.using(idempotency_key="order-7").enqueue(1, 2)
+        with transaction.atomic():
+            with pytest.raises(
+                IdempotencyKeyReused, match=rf"job {first.id} .*differs in its {what}\b"
+            ):
+                call()
+            # The caller's transaction is still usable.
+            assert Job.objects.filter(idempotency_key="order-7").count() == 1
+        assert Job.objects.count() == 1
 
     def test_key_in_a_rolled_back_transaction_is_free_again(self):
         with pytest.raises(RuntimeError), transaction.atomic():
