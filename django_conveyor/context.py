@@ -16,7 +16,7 @@ from typing import Any
 
 from django.db import connections, transaction
 
-from . import protocol
+from . import ledger, protocol
 from .compat import TaskContext
 from .exceptions import LeaseLost
 
@@ -106,6 +106,12 @@ class JobContext(TaskContext):
 
     def record_effect(self, effect_key: str) -> Any:
         """Record an applied effect in the ledger; call it inside `atomic()`."""
-        from .ledger import record_effect
-
-        return record_effect(self, effect_key)
+        if not self.lease_state.in_atomic:
+            raise RuntimeError("record_effect() must run inside context.atomic().")
+        return ledger.record_effect(
+            database=self.database,
+            job_id=self.job_id,
+            lease_version=self.token,
+            worker=self.worker_id,
+            effect_key=effect_key,
+        )

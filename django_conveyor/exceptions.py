@@ -35,12 +35,8 @@ class Cancelled(ConveyorError):
     """The job was cancelled before it ran (recorded in its errors)."""
 
 
-class JobNotFound(ConveyorError):
-    """No job has that id."""
-
-
-class InvalidTransition(ConveyorError):
-    """The job is not in a state that allows the requested change."""
+class EffectAlreadyApplied(ConveyorError):
+    """The ledger already holds this effect for this job."""
 
 
 class IdempotencyKeyReused(ConveyorError):
