@@ -27,7 +27,7 @@ from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
-from django_conveyor.management.commands.conveyor_worker import positive_seconds
+from django_conveyor.management.arguments import positive_seconds
 from django_conveyor.models import Job, LedgerEntry
 from django_conveyor.states import FINAL_STATES, JobState
 from shop.models import GatewayCharge, Order, Payment
