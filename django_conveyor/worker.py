@@ -43,7 +43,6 @@ REAP_BATCH = 500
 CLAIM_AHEAD_SECONDS = 0.02  # Buffered work per slot: a few claim round trips.
 MAX_PREFETCH = 256
 EXIT_OK = 0
-EXIT_ERROR = 1
 
 
 def worker_database(queues: tuple[str, ...]) -> str:
