@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import random
 import traceback
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,8 +15,8 @@ from typing import Any
 from django.db import connections
 from django.utils.module_loading import import_string
 
+from .backoff import retry_delay
 from .compat import Task, TaskError, TaskResultStatus, task_finished, task_started
-from .conf import conveyor_settings
 from .context import JobContext, LeaseState
 from .exceptions import ArgumentsNotSerializable, Discard, LeaseLost, Snooze
 from .logs import log_job
@@ -43,12 +42,6 @@ class Outcome:
     return_value: Any = None
     delay: float = 0.0
     error: dict[str, Any] = field(default_factory=dict)
-
-
-def backoff_delay(attempt: int, base: float, cap: float) -> float:
-    """Exponential backoff with full jitter: uniform in [0, min(cap, base * 2^(n-1))]."""
-    ceiling = min(cap, base * (2 ** max(attempt - 1, 0)))
-    return random.uniform(0, ceiling)
 
 
 def error_entry(exc: BaseException) -> dict[str, Any]:
@@ -81,14 +74,6 @@ def task_or_none(task_path: str) -> Task | None:
 
 def task_timeout(task_path: str) -> float | None:
     return getattr(task_or_none(task_path), "timeout", None)
-
-
-def retry_delay(task: Task | None, attempt: int) -> float:
-    """The backoff before the next attempt, from the task's bounds or the settings."""
-    settings = conveyor_settings()
-    base = getattr(task, "backoff_base", None) or settings.BACKOFF_BASE_SECONDS
-    cap = getattr(task, "backoff_cap", None) or settings.BACKOFF_CAP_SECONDS
-    return backoff_delay(attempt, base, cap)
 
 
 def build_result(task: Task, lease: Lease, state: LeaseState) -> ConveyorTaskResult:

@@ -26,6 +26,7 @@ from types import FrameType
 import psycopg
 
 from . import executor, protocol
+from .backoff import WORKER_RECONNECT_SECONDS, Ladder, retry_delay
 from .conf import conveyor_settings
 from .context import LeaseState
 from .dbconn import connect
@@ -38,7 +39,6 @@ from .slots import Held, SlotPool
 
 logger = logging.getLogger("django_conveyor.worker")
 
-RECONNECT_BACKOFF_SECONDS = (0.2, 0.5, 1.0, 2.0, 5.0)
 REAP_BATCH = 500
 CLAIM_AHEAD_SECONDS = 0.02  # Buffered work per slot: a few claim round trips.
 MAX_PREFETCH = 256
@@ -180,7 +180,7 @@ class Worker:
 
     def control_loop(self) -> None:
         next_heartbeat = next_reap = time.monotonic()
-        failures = 0
+        reconnect = Ladder(WORKER_RECONNECT_SECONDS)
         while not self.stopping.is_set():
             self.wake_event.clear()  # Wake-ups during this pass keep the next wait short.
             try:
@@ -194,10 +194,9 @@ class Worker:
                     next_reap = now + self.reap_seconds
                 self.expire_timeouts()
                 claimed = self.cycle()
-                failures = 0
+                reconnect.reset()
             except Exception as exc:  # The loop logs and carries on.
-                delay = RECONNECT_BACKOFF_SECONDS[min(failures, len(RECONNECT_BACKOFF_SECONDS) - 1)]
-                failures += 1
+                delay = reconnect.next_delay()
                 if isinstance(exc, psycopg.OperationalError):
                     logger.warning("database unavailable (%s); reconnecting in %.1fs", exc, delay)
                 else:
@@ -318,9 +317,7 @@ class Worker:
                 "exception_class_path": "builtins.TimeoutError",
                 "traceback": f"The attempt ran past its timeout of {held.timeout:g} seconds.",
             }
-            delay = executor.retry_delay(
-                executor.task_or_none(held.lease.task_path), held.lease.attempt
-            )
+            delay = retry_delay(executor.task_or_none(held.lease.task_path), held.lease.attempt)
             with self.cursor() as cur:
                 protocol.retry(
                     cur,
