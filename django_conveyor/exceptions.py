@@ -39,6 +39,10 @@ class EffectAlreadyApplied(ConveyorError):
     """The ledger already holds this effect for this job."""
 
 
+class UnknownTask(ConveyorError):
+    """A job's task path does not import, or names something that is not a task."""
+
+
 class IdempotencyKeyReused(ConveyorError):
     """An idempotency key already names a job with another task, arguments or queue."""
 

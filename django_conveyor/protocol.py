@@ -100,7 +100,8 @@ SET state = 'running',
 FROM picked
 WHERE j.id = picked.id
 RETURNING j.id, j.task_path, j.args, j.kwargs, j.queue, j.backend, j.priority, j.attempt,
-          j.max_attempts, j.lease_version, j.idempotency_key, j.enqueued_at, j.started_at
+          j.max_attempts, j.lease_version, j.idempotency_key, j.enqueued_at, j.started_at,
+          j.lease_owner, j.run_after, j.errors
 """
 
 _HELD = "FROM jsonb_to_recordset(%(held)s::jsonb) AS h(id bigint, version bigint"
@@ -290,7 +291,11 @@ class Enqueued:
 
 @dataclass(frozen=True, slots=True)
 class Lease:
-    """A claimed job as the worker holds it: the row plus its fencing token."""
+    """A claimed job as the worker holds it: the row plus its fencing token.
+
+    The token is (`owner`, `version`): every later write about this attempt is
+    guarded by both, and the Lease carries them unchanged from CLAIM to that write.
+    """
 
     id: int
     task_path: str
@@ -301,10 +306,18 @@ class Lease:
     priority: int
     attempt: int
     max_attempts: int
-    version: int  # The fencing token.
+    version: int  # The fencing token's version: lease_version after this claim.
     idempotency_key: str | None
     enqueued_at: datetime
-    started_at: datetime
+    started_at: datetime  # The claim's database time.
+    owner: str  # The fencing token's owner: the claiming worker's id.
+    run_after: datetime  # When the job became due.
+    errors: list[dict[str, Any]]  # Entries of earlier attempts, as in the row.
+
+    @property
+    def pickup_delay(self) -> float:
+        """Seconds from when the job was due (enqueued, or its run_after) to this claim."""
+        return (self.started_at - max(self.enqueued_at, self.run_after)).total_seconds()
 
 
 @dataclass(frozen=True, slots=True)
@@ -415,7 +428,7 @@ def claim(
     cursor.execute(
         CLAIM, {"queues": list(queues), "limit": limit, "owner": owner, "lease": lease_seconds}
     )
-    return [Lease(*row) for row in cursor.fetchall()]
+    return [Lease(*row[:-1], errors=_loaded(row[-1])) for row in cursor.fetchall()]
 
 
 def heartbeat(

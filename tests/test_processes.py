@@ -1,6 +1,7 @@
 """Real worker processes: draining, kill -9, SIGSTOP zombies, shutdown, supervision."""
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -124,7 +125,9 @@ def test_graceful_shutdown_hands_back_leases_at_once(procs, tmp_path):
 def test_shutdown_lets_in_flight_jobs_finish(procs, tmp_path):
     result = tasks.slow_apply_once.enqueue("finish", 1.0)
     proc = worker(procs, tmp_path, "w", "--shutdown-timeout", "20")
-    wait_until(lambda: Job.objects.get(pk=result.id).state == "running")
+    # Claimed is not yet started (a job still buffered is handed back): wait for its slot.
+    started = re.compile(rf"job={result.id} .* started$", re.MULTILINE)
+    wait_until(lambda: started.search((tmp_path / "w.log").read_text()))
     assert stop_process(proc, signal.SIGINT) == 0
     assert Job.objects.get(pk=result.id).state == "completed"
 
