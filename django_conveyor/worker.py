@@ -111,7 +111,6 @@ class WorkerConfig:
     @classmethod
     def resolve(cls, options: WorkerOptions) -> WorkerConfig:
         settings = conveyor_settings()
-
         database = worker_database(options.queues)
         lease_seconds = _given(options.lease_seconds, settings.LEASE_SECONDS)
         return cls(
