@@ -196,9 +196,6 @@ class ConveyorSettings:
         """Every alias that holds conveyor tables, DATABASE first."""
         return list(dict.fromkeys([self.DATABASE, *self.QUEUE_DATABASES.values()]))
 
-    def __repr__(self) -> str:
-        return f"ConveyorSettings({self._values!r})"
-
 
 SETTINGS: dict[str, Setting[Any]] = {s.name: s for s in ConveyorSettings.declared()}
 

@@ -28,6 +28,8 @@ from .tasks import task_or_none
 
 logger = logging.getLogger("django_conveyor.worker")
 
+DEFAULT_INTERVAL_SECONDS = 0.0  # Every pass: the check is a walk over the held leases.
+
 
 class TimeoutCounts(NamedTuple):
     timed_out: int = 0  # Attempts given up on by this pass.
@@ -35,7 +37,7 @@ class TimeoutCounts(NamedTuple):
 
 class Timeouts:
     name = "timeouts"
-    interval = 0.0  # Every pass: the check is a walk over the held leases.
+    interval = DEFAULT_INTERVAL_SECONDS
     while_draining = False  # At shutdown, leftovers are handed back instead.
 
     def __init__(self, leases: Leases) -> None:
