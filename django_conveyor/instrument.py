@@ -38,7 +38,7 @@ class Instrument:
         `kind` is what the attempt asked for (`outcomes.COMPLETE`, `RETRY`,
         ...); `result` what the job became: completed, retried, dead, failed,
         snoozed or released. `duration` is the handler's run time in seconds,
-        None for a job handed back before a slot started it.
+        or None when the loop decided without it (a timeout, a hand-back).
         """
 
     def outcome_refused(self, kind: str, lease: Lease) -> None:
