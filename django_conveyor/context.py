@@ -63,7 +63,7 @@ class JobContext(TaskContext):
 
     def lease_held(self) -> bool:
         """False once the worker knows the lease is gone: stop work early."""
-        return not self.held.lost.is_set()
+        return not self.held.lost
 
     @contextmanager
     def atomic(self) -> Iterator[None]:

@@ -47,7 +47,7 @@ def running_result(task: Task, held: HeldLease) -> ConveyorTaskResult:
         backend=lease.backend,
         enqueued_at=lease.enqueued_at,
         started_at=lease.started_at,
-        errors=lease.errors,
+        errors=lease.errors or (),
         lease_owner=lease.owner,
     )
 
@@ -70,14 +70,14 @@ def classify(exc: BaseException, task: Task | None, held: HeldLease) -> Outcome:
     return Outcome(outcomes.RETRY, held, delay=delay, error=error_entry(exc))
 
 
-def report(task: Task | None, result: ConveyorTaskResult | None, outcome: Outcome) -> None:
+def report(sender: type | None, result: ConveyorTaskResult | None, outcome: Outcome) -> None:
     status = FINISHED_STATUS.get(outcome.kind)
-    if task is None or result is None or status is None:
+    if sender is None or result is None or status is None:
         return
     done = finished(
         result, status=status, return_value=outcome.return_value, error=outcome.error or None
     )
-    task_finished.send(type(task.get_backend()), task_result=done)
+    task_finished.send(sender, task_result=done)
 
 
 def connection_hygiene() -> None:
@@ -97,12 +97,14 @@ def execute(held: HeldLease) -> Outcome:
     """Run one attempt and say what should be written; never raises."""
     lease = held.lease
     task: Task | None = None
+    sender: type | None = None  # The signals' sender: the task's backend class.
     result: ConveyorTaskResult | None = None
     try:
-        log_job(logger, logging.DEBUG, lease, "started")
         task = resolve_task(lease.task_path)
+        held.timeout = getattr(task, "timeout", None)  # From now on timeouts.py watches it.
+        sender = type(task.get_backend())
         result = running_result(task, held)
-        task_started.send(type(task.get_backend()), task_result=result)
+        task_started.send(sender, task_result=result)
         value = call(task, held, result)
         value = json_round_trip(value, f"{task.name}() return value")
         kind = outcomes.DONE_IN_ATOMIC if held.completed_in_atomic else outcomes.COMPLETE
@@ -117,5 +119,5 @@ def execute(held: HeldLease) -> Outcome:
             log_job(logger, level, lease, "raised %s", type(exc).__name__)
     finally:
         connection_hygiene()
-    report(task, result, outcome)
+    report(sender, result, outcome)
     return outcome

@@ -4,8 +4,9 @@
 it at the points metrics need: jobs claimed, each outcome written (with its
 kind and what the job became), each outcome the fence refused, each lease
 lost, and the held and in-flight counts once per pass of the control loop.
-The base class does nothing, so a worker without an exporter pays one empty
-method call per event. Pass an instance as `WorkerOptions(instrument=...)`.
+Pass an instance as `WorkerOptions(instrument=...)`; without one (the
+default) the worker skips every call, so an unobserved worker pays nothing.
+The base class's methods do nothing: a subclass overrides what it needs.
 
 Every call comes from the control-loop thread, between database round
 trips: keep methods quick and never raise (an exception would count as a

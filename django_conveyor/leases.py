@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import logging
 import queue
-import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from . import outcomes
@@ -36,7 +35,8 @@ class HeldLease:
 
     lease: Lease  # The row as claimed; lease.owner and lease.version are the token.
     database: str  # The alias whose conveyor_job holds the job.
-    lost: threading.Event = field(default_factory=threading.Event)
+    # Set by the loop, read by the handler's thread: a plain flag is enough (and cheap).
+    lost: bool = False
     lost_reason: str = ""
     in_atomic: bool = False  # Holding the row lock in context.atomic() right now.
     completed_in_atomic: bool = False  # The guarded commit wrote the completion.
@@ -47,7 +47,7 @@ class HeldLease:
     def mark_lost(self, reason: str) -> None:
         """Tell the handler (context.lease_held()) that its outcome will not count."""
         self.lost_reason = reason
-        self.lost.set()
+        self.lost = True
 
     @property
     def duration(self) -> float | None:
@@ -58,11 +58,13 @@ class HeldLease:
 
 
 class Leases:
-    def __init__(self, owner: str, database: str, stats: Stats, instrument: Instrument) -> None:
+    def __init__(
+        self, owner: str, database: str, stats: Stats, instrument: Instrument | None = None
+    ) -> None:
         self.owner = owner  # The worker id: lease_owner of every lease held here.
         self.database = database
         self.stats = stats
-        self.instrument = instrument
+        self.instrument = instrument  # None: nothing listens, and nothing is called.
         self.held: dict[int, HeldLease] = {}
         self.pending: dict[int, Outcome] = {}  # Job id -> its outcome, not yet committed.
         self.reported: queue.SimpleQueue[Outcome] = queue.SimpleQueue()  # From slot threads.
@@ -75,7 +77,8 @@ class Leases:
             self.held[held.lease.id] = held
         if claimed:
             self.stats.add("claimed", len(claimed))
-            self.instrument.claimed(claimed)
+            if self.instrument:
+                self.instrument.claimed(claimed)
         return taken
 
     def report(self, outcome: Outcome) -> None:
@@ -90,13 +93,14 @@ class Leases:
             except queue.Empty:
                 return
             self.finished_attempts += 1
+            job_id = outcome.held.lease.id
             # The guarded commit already proved the token held: never stale.
-            if self.held.get(outcome.lease.id) is not outcome.held and (
+            if self.held.get(job_id) is not outcome.held and (
                 outcome.kind != outcomes.DONE_IN_ATOMIC
             ):
                 self.refused(outcome, "stale outcome (%s) not written")
                 continue
-            self.pending[outcome.lease.id] = outcome
+            self.pending[job_id] = outcome
 
     def give_up(self, held: HeldLease, outcome: Outcome, reason: str) -> bool:
         """The loop decides this attempt's outcome itself (timeout, hand-back).
@@ -116,7 +120,8 @@ class Leases:
         if self.held.get(held.lease.id) is held:
             del self.held[held.lease.id]
         held.mark_lost(reason)  # Counted by the caller (HeartbeatCounts.leases_lost).
-        self.instrument.lease_lost(held.lease, reason)
+        if self.instrument:
+            self.instrument.lease_lost(held.lease, reason)
         log_job(logger, logging.WARNING, held.lease, "lease lost: its outcome will not be written")
 
     def renewable(self) -> list[tuple[int, int]]:
@@ -152,14 +157,16 @@ class Leases:
                 self.refused(outcome, "stale outcome (%s) refused")
             else:
                 self.stats.add(result)
-                self.instrument.outcome_written(
-                    outcome.kind, result, outcome.lease, outcome.held.duration
-                )
+                if self.instrument:
+                    self.instrument.outcome_written(
+                        outcome.kind, result, outcome.lease, outcome.held.duration
+                    )
         self.pending.clear()
 
     def refused(self, outcome: Outcome, message: str) -> None:
         self.stats.add("stale_outcomes")
-        self.instrument.outcome_refused(outcome.kind, outcome.lease)
+        if self.instrument:
+            self.instrument.outcome_refused(outcome.kind, outcome.lease)
         log_job(logger, logging.WARNING, outcome.lease, message, outcome.kind)
 
     def idle(self) -> bool:

@@ -46,6 +46,7 @@ class Outcome:
 
     @property
     def lease(self) -> Lease:
+        """The token the write is guarded by."""
         return self.held.lease
 
 
@@ -63,7 +64,7 @@ Writer = Callable[[Cursor, str, list[Outcome]], dict[int, str]]
 
 
 def _complete(cur: Cursor, owner: str, batch: list[Outcome]) -> dict[int, str]:
-    done = [(o.lease.id, o.lease.version, o.return_value) for o in batch]
+    done = [(o.held.lease.id, o.held.lease.version, o.return_value) for o in batch]
     return dict.fromkeys(protocol.complete(cur, owner=owner, done=done), "completed")
 
 

@@ -101,7 +101,9 @@ FROM picked
 WHERE j.id = picked.id
 RETURNING j.id, j.task_path, j.args, j.kwargs, j.queue, j.backend, j.priority, j.attempt,
           j.max_attempts, j.lease_version, j.idempotency_key, j.enqueued_at, j.started_at,
-          j.lease_owner, j.run_after, j.errors
+          j.lease_owner,
+          extract(epoch FROM j.started_at - greatest(j.enqueued_at, j.run_after))::float8,
+          NULLIF(j.errors, '[]'::jsonb)
 """
 
 _HELD = "FROM jsonb_to_recordset(%(held)s::jsonb) AS h(id bigint, version bigint"
@@ -311,13 +313,8 @@ class Lease:
     enqueued_at: datetime
     started_at: datetime  # The claim's database time.
     owner: str  # The fencing token's owner: the claiming worker's id.
-    run_after: datetime  # When the job became due.
-    errors: list[dict[str, Any]]  # Entries of earlier attempts, as in the row.
-
-    @property
-    def pickup_delay(self) -> float:
-        """Seconds from when the job was due (enqueued, or its run_after) to this claim."""
-        return (self.started_at - max(self.enqueued_at, self.run_after)).total_seconds()
+    pickup_delay: float  # Seconds from when the job was due (enqueued or run_after) to now.
+    errors: list[dict[str, Any]] | None  # Entries of earlier attempts; None when none.
 
 
 @dataclass(frozen=True, slots=True)
@@ -428,7 +425,7 @@ def claim(
     cursor.execute(
         CLAIM, {"queues": list(queues), "limit": limit, "owner": owner, "lease": lease_seconds}
     )
-    return [Lease(*row[:-1], errors=_loaded(row[-1])) for row in cursor.fetchall()]
+    return [Lease(*row) for row in cursor.fetchall()]
 
 
 def heartbeat(

@@ -17,7 +17,6 @@ from django.db import connections
 from . import executor
 from .leases import HeldLease
 from .outcomes import Outcome
-from .tasks import task_or_none
 
 DURATION_SMOOTHING = 0.1  # Weight of the newest duration in the moving average.
 
@@ -73,12 +72,11 @@ class SlotPool:
             if held is None:
                 connections.close_all()  # This thread's handler connections.
                 return
-            if held.lost.is_set():
+            if held.lost:
                 continue  # Handed back before it started.
             with self.busy_lock:
                 self.busy += 1
-            held.timeout = getattr(task_or_none(held.lease.task_path), "timeout", None)
-            held.started_at = time.monotonic()
+            held.started_at = time.monotonic()  # The executor sets held.timeout.
             try:
                 outcome = executor.execute(held)
             finally:

@@ -140,7 +140,7 @@ class Worker:
         self.config = config = WorkerConfig.resolve(options)
         self.worker_id = config.worker_id
         self.stats = Stats()
-        self.instrument = options.instrument or Instrument()
+        self.instrument = options.instrument  # None: no event is even called.
         self.leases = Leases(config.worker_id, config.database, self.stats, self.instrument)
         self.slots = SlotPool(config.concurrency, self.on_outcome)
         self.claimer = Claimer(
@@ -241,7 +241,10 @@ class Worker:
     def one_pass(self) -> int:
         """Run the services that are due, then one cycle; returns how many jobs it claimed."""
         self.schedule.run_due(self.connection.get(), Now.read())
-        self.instrument.leases_counted(held=len(self.leases.held), in_flight=self.slots.running())
+        if self.instrument:
+            self.instrument.leases_counted(
+                held=len(self.leases.held), in_flight=self.slots.running()
+            )
         return self.cycle()
 
     def cycle(self, *, claim: bool = True) -> int:
