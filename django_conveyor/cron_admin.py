@@ -134,12 +134,6 @@ class CronAdmin(admin.ModelAdmin):
     def has_delete_permission(self, request: HttpRequest, obj: Cron | None = None) -> bool:
         return super().has_delete_permission(request, obj) and not (obj and obj.declared)
 
-    def get_actions(self, request: HttpRequest) -> Any:
-        actions = super().get_actions(request)
-        # Bulk delete would take settings-owned rows too; delete from the row's page.
-        actions.pop("delete_selected", None)
-        return actions
-
     def save_model(self, request: HttpRequest, obj: Cron, form: Any, change: bool) -> None:
         database = _database()
         enabled = obj.enabled

@@ -24,13 +24,15 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+from django.db import connections
+
 from . import cronexpr, protocol
 from .conf import conveyor_settings
-from .schedules import tick_job
+from .schedules import sync, tick_job
 
 logger = logging.getLogger("django_conveyor.scheduler")
 
@@ -212,8 +214,10 @@ class SchedulerService:
     earliest next tick if sooner than INTERVAL_SECONDS, else after that.
     """
 
+    database: str | None = None  # Sync CONVEYOR["CRON"] into it before the first pass.
     interval: float = INTERVAL_SECONDS
     next_run: float = 0.0  # time.monotonic() of the next pass.
+    synced: bool = False
     totals: dict[str, int] = field(default_factory=dict)
 
     def due(self, monotonic_now: float) -> bool:
@@ -223,6 +227,13 @@ class SchedulerService:
         return max(self.next_run - monotonic_now, 0.0)
 
     def run(self, cursor: protocol.Cursor) -> Counts:
+        if self.database is not None and not self.synced:
+            added, updated, disabled = astuple(sync(self.database))
+            logger.info(
+                "CONVEYOR['CRON'] synced into %r: %d added, %d updated, %d disabled",
+                self.database, added, updated, disabled,
+            )  # fmt: skip
+            self.synced = True
         started = time.monotonic()
         now = database_now(cursor)
         counts = run_once(cursor, now)
@@ -240,4 +251,6 @@ class SchedulerService:
 
     def failed(self) -> None:
         """After an error: try again in one interval (the loop logs it)."""
+        if self.database is not None:
+            connections[self.database].close()  # The sync's connection may be broken.
         self.next_run = time.monotonic() + self.interval
