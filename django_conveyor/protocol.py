@@ -262,12 +262,14 @@ NOTIFY = "SELECT pg_notify(%(channel)s, %(queue)s)"
 # caller computed from) makes a racing or stale scheduler write nothing; the
 # tick's idempotency key makes a second job for the same tick impossible even
 # if a row was reset by hand. SKIP LOCKED: a scheduler never waits for another.
-CRON_ENQUEUE = """
+CRON_ROW_GUARD = """
 WITH due AS (
     SELECT id FROM conveyor_cron
     WHERE id = %(cron_id)s AND enabled AND next_tick_at = %(expected)s
     FOR UPDATE SKIP LOCKED
-), inserted AS (
+)"""
+
+CRON_ENQUEUE = f"""{CRON_ROW_GUARD}, inserted AS (
     INSERT INTO conveyor_job (
         task_path, args, kwargs, queue, backend, priority, state, attempt, max_attempts,
         run_after, lease_version, idempotency_key, errors, enqueued_at

@@ -55,12 +55,7 @@ NEXT_TICK = "SELECT min(next_tick_at) FROM conveyor_cron WHERE enabled"
 
 # Skipping missed ticks writes no job, so it is not a protocol action; it is
 # guarded like CRON_ENQUEUE so that it can never undo another scheduler's advance.
-ADVANCE = """
-WITH due AS (
-    SELECT id FROM conveyor_cron
-    WHERE id = %(cron_id)s AND enabled AND next_tick_at = %(expected)s
-    FOR UPDATE SKIP LOCKED
-)
+ADVANCE = f"""{protocol.CRON_ROW_GUARD}
 UPDATE conveyor_cron AS c SET next_tick_at = %(next_tick)s FROM due WHERE c.id = due.id
 """
 

@@ -2,34 +2,19 @@
 
 import os
 import signal
-import subprocess
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
 
 from django_conveyor import scheduler
 from django_conveyor.models import Cron, Job
 from tests.factories import CronFactory
-from tests.helpers import kill_group, start_worker, stop_process, wait_until
+from tests.helpers import start_logged_worker as worker
+from tests.helpers import stop_process, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 PREFIX = "cron:every-second:"
-
-
-@pytest.fixture
-def procs():
-    started: list[subprocess.Popen] = []
-    yield started
-    for proc in started:
-        kill_group(proc)
-
-
-def worker(procs, tmp_path: Path, name: str, *args: str) -> subprocess.Popen:
-    proc = start_worker("--queues", "default", *args, log=tmp_path / f"{name}.log")
-    procs.append(proc)
-    return proc
 
 
 def ticks() -> list:
