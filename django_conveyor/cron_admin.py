@@ -141,7 +141,11 @@ class CronAdmin(admin.ModelAdmin):
             # Only `enabled` can change: through the same path as the actions.
             schedules.set_enabled(obj.name, enabled, database=database)
             return
-        if not change or {"schedule", "timezone"} & set(form.changed_data):
+        if (
+            not change
+            or obj.next_tick_at is None
+            or {"schedule", "timezone"} & set(form.changed_data)
+        ):
             obj.next_tick_at = schedules.first_tick(obj, schedules.database_now(database))
         obj.save(using=database)
 

@@ -159,3 +159,9 @@ class Schedule:
                 break
             found.append(tick)
         return found[::-1]
+
+
+@functools.lru_cache(maxsize=4096)
+def parsed(expression: str, timezone: str) -> Schedule:
+    """Schedule(expression, timezone), validated once per process."""
+    return Schedule(expression, timezone)

@@ -28,6 +28,8 @@ from dataclasses import astuple, dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+import psycopg
+from django import db
 from django.db import connections
 
 from . import cronexpr, protocol
@@ -73,7 +75,7 @@ class Counts:
     existing: int = 0  # Ticks whose key already named a job (nothing new written).
     missed: int = 0  # Schedules that had missed ticks (handled by their policy).
     raced: int = 0  # Schedules another scheduler advanced first.
-    stopped: int = 0  # Schedules stopped because their expression is invalid.
+    stopped: int = 0  # Schedules stopped: invalid expression, or a tick PostgreSQL refused.
     next_tick_at: datetime | None = None  # The earliest next tick after the pass.
     more: bool = False  # A full batch was due: run again at once.
 
@@ -138,7 +140,7 @@ def run_once(cursor: protocol.Cursor, now: datetime, *, limit: int = BATCH_SIZE)
     notify = conveyor_settings().NOTIFY
     for row in rows:
         try:
-            timing = cronexpr.Schedule(row.schedule, row.timezone)
+            timing = cronexpr.parsed(row.schedule, row.timezone)
         except cronexpr.InvalidSchedule as exc:
             cursor.execute(STOP, {"cron_id": row.id})
             counts.stopped += 1
@@ -152,7 +154,15 @@ def run_once(cursor: protocol.Cursor, now: datetime, *, limit: int = BATCH_SIZE)
                 row.name, row.next_tick_at.isoformat(), row.missed, len(step.ticks),
                 ", older ones dropped" if step.dropped else "",
             )  # fmt: skip
-        _write(cursor, row, step, notify, counts)
+        try:
+            _write(cursor, row, step, notify, counts)
+        except Exception as exc:
+            if isinstance(exc, psycopg.OperationalError | db.OperationalError):
+                raise  # The connection, not this row: the loop reconnects.
+            # A row PostgreSQL refuses stops its own schedule, never the pass.
+            logger.exception("schedule %s stopped until it is fixed: tick refused", row.name)
+            cursor.execute(STOP, {"cron_id": row.id})
+            counts.stopped += 1
     cursor.execute(NEXT_TICK)
     counts.next_tick_at = cursor.fetchall()[0][0]
     return counts

@@ -323,14 +323,16 @@ def set_enabled(name: str, enabled: bool, *, database: str | None = None) -> boo
     """Enable or disable a schedule; True if it changed.
 
     Ticks that fell while it was disabled are missed ticks when it is
-    enabled again: its `missed` policy decides what runs.
+    enabled again: its `missed` policy decides what runs. Enabling a
+    schedule the scheduler stopped restarts it from now.
     """
     from .models import Cron
 
     row, alias = find(name, database)
     with transaction.atomic(using=alias):
         row = Cron.objects.using(alias).select_for_update().get(pk=row.pk)
-        if row.enabled == enabled:
+        stopped = row.next_tick_at is None  # Stopped by the scheduler: enabling restarts it.
+        if row.enabled == enabled and not (enabled and stopped):
             return False
         row.enabled = enabled
         if enabled and row.next_tick_at is None:

@@ -146,8 +146,9 @@ def test_cli_list_run_enable_disable():
         call_command("conveyor_cron", "enable")
 
 
-def test_enabling_a_stopped_schedule_gives_it_a_next_tick():
-    cron = CronFactory(enabled=False, next_tick_at=None)
+@pytest.mark.parametrize("enabled", [False, True])
+def test_enabling_a_stopped_schedule_restarts_it(enabled):
+    cron = CronFactory(enabled=enabled, next_tick_at=None)
     assert schedules.set_enabled(cron.name, True)
     assert Cron.objects.get(pk=cron.pk).next_tick_at is not None
 

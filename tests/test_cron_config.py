@@ -82,8 +82,9 @@ def test_a_good_schedule_passes():
         (
             {"kwargs": {"ratio": float("nan")}},
             "conveyor.E110",
+            # Python 3.12 adds ": nan" to json's message.
             f"{KEY}['kwargs']: kwargs is not JSON-serializable: Out of range float values "
-            "are not JSON compliant: nan.",
+            "are not JSON compliant",
         ),
         ({"kwargs": [1]}, "conveyor.E110", f"{KEY}['kwargs']: Must be a dict, not [1]."),
         (
@@ -95,7 +96,9 @@ def test_a_good_schedule_passes():
     ],
 )
 def test_each_bad_input_has_its_check_id_and_names_schedule_and_field(change, check_id, message):
-    assert cron_errors({"nightly": {**GOOD, **change}}) == [(check_id, message)]
+    [(found_id, found)] = cron_errors({"nightly": {**GOOD, **change}})
+    assert found_id == check_id
+    assert found.removesuffix(": nan.").removesuffix(".") == message.removesuffix(".")
 
 
 def test_missing_fields_bad_names_and_bad_entries():

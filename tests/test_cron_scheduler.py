@@ -6,6 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.db import connection, transaction
+from django.test import override_settings
 
 from django_conveyor import protocol, scheduler
 from django_conveyor.cronexpr import Schedule
@@ -336,3 +337,18 @@ def test_forward_and_backward_ticks_agree_across_dst():
                     break
                 forward.append(tick)
             assert forward == timing.between(begin, end, limit=100_000), (zone, expression)
+
+
+def test_a_tick_postgresql_refuses_stops_its_schedule_not_the_pass():
+    bad = CronFactory(name="bad", created=T0)  # noop: CONVEYOR["MAX_ATTEMPTS"] attempts
+    good = CronFactory(name="good", task_path="tests.testapp.tasks.nightly_report", created=T0)
+    conn = connect("default")  # autocommit, as in a worker
+    try:
+        with override_settings(CONVEYOR={"MAX_ATTEMPTS": 0}), conn.cursor() as cursor:
+            counts = scheduler.run_once(cursor, T0 + timedelta(minutes=1))  # CHECK refuses 0
+    finally:
+        conn.close()
+    assert (counts.enqueued, counts.stopped) == (1, 1)
+    assert tick_keys("good") == ["2026-06-01T12:01:00Z"] and tick_keys("bad") == []
+    assert Cron.objects.get(pk=bad.pk).next_tick_at is None
+    assert Cron.objects.get(pk=good.pk).next_tick_at == T0 + timedelta(minutes=2)
