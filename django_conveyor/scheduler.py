@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import astuple, dataclass, field
+from dataclasses import astuple, dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 import psycopg
 from django import db
@@ -78,9 +78,6 @@ class Counts:
     stopped: int = 0  # Schedules stopped: invalid expression, or a tick PostgreSQL refused.
     next_tick_at: datetime | None = None  # The earliest next tick after the pass.
     more: bool = False  # A full batch was due: run again at once.
-
-    def as_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in vars(self).items() if k not in {"next_tick_at", "more"}}
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,28 +207,43 @@ def database_now(cursor: protocol.Cursor) -> datetime:
     return cursor.fetchall()[0][0]
 
 
+class TickCounts(NamedTuple):
+    """One pass of the service, as a worker adds it to its stats."""
+
+    cron_enqueued: int = 0
+    cron_existing: int = 0
+    cron_missed: int = 0
+    cron_raced: int = 0
+    cron_stopped: int = 0
+
+
 @dataclass
 class SchedulerService:
-    """The scheduler as one service of a worker's loop: when to run, and a run.
+    """The scheduler as one service of a worker's loop.
 
-    `due()` says whether a pass is due; `run(cursor)` makes one at the
-    database's time and sets the next: at once if a batch was full, at the
-    earliest next tick if sooner than INTERVAL_SECONDS, else after that.
+    The shape of the other services (`name`, `interval`, `while_draining`,
+    `run_once(cursor, now) -> counts`), plus `next_due`: the loop's monotonic
+    time of the next pass, which is at once if a batch was full, at the
+    earliest next tick if that is sooner than `interval`, else one interval
+    on. The first pass syncs CONVEYOR["CRON"] into `database`. Ticks are
+    always computed at the database's time, whatever clock the loop passes.
     """
 
     database: str | None = None  # Sync CONVEYOR["CRON"] into it before the first pass.
     interval: float = INTERVAL_SECONDS
-    next_run: float = 0.0  # time.monotonic() of the next pass.
+    name: str = "scheduler"
+    while_draining: bool = False  # A worker that is shutting down enqueues no ticks.
+    next_due: float = 0.0  # time.monotonic() of the next pass.
     synced: bool = False
-    totals: dict[str, int] = field(default_factory=dict)
 
     def due(self, monotonic_now: float) -> bool:
-        return monotonic_now >= self.next_run
+        return monotonic_now >= self.next_due
 
     def seconds_until_due(self, monotonic_now: float) -> float:
-        return max(self.next_run - monotonic_now, 0.0)
+        return max(self.next_due - monotonic_now, 0.0)
 
-    def run(self, cursor: protocol.Cursor) -> Counts:
+    def run_once(self, cursor: protocol.Cursor, now: Any = None) -> TickCounts:
+        self.next_due = time.monotonic() + self.interval  # Also the retry after a failure.
         if self.database is not None and not self.synced:
             added, updated, disabled = astuple(sync(self.database))
             logger.info(
@@ -240,22 +252,22 @@ class SchedulerService:
             )  # fmt: skip
             self.synced = True
         started = time.monotonic()
-        now = database_now(cursor)
-        counts = run_once(cursor, now)
+        db_now = database_now(cursor)
+        counts = run_once(cursor, db_now)
         delay = self.interval
         if counts.more:
             delay = 0.0
         elif counts.next_tick_at is not None:
             # The wait is measured on the database's clock, then slept on ours.
-            until = (counts.next_tick_at - now).total_seconds() - (time.monotonic() - started)
+            until = (counts.next_tick_at - db_now).total_seconds() - (time.monotonic() - started)
             delay = min(delay, max(until, 0.0) + WAKE_MARGIN_SECONDS)
-        self.next_run = time.monotonic() + delay
-        for key, value in counts.as_dict().items():
-            self.totals[key] = self.totals.get(key, 0) + value
-        return counts
+        self.next_due = time.monotonic() + delay
+        return TickCounts(
+            counts.enqueued, counts.existing, counts.missed, counts.raced, counts.stopped
+        )
 
     def failed(self) -> None:
         """After an error: try again in one interval (the loop logs it)."""
         if self.database is not None:
             connections[self.database].close()  # The sync's connection may be broken.
-        self.next_run = time.monotonic() + self.interval
+        self.next_due = time.monotonic() + self.interval

@@ -343,16 +343,16 @@ class Worker:
         assert self.scheduler is not None
         try:
             with self.cursor() as cur:
-                counts = self.scheduler.run(cur)
+                counts = self.scheduler.run_once(cur)
         except psycopg.OperationalError:
             raise  # The connection: the loop reconnects.
         except Exception:
             logger.exception("scheduler pass failed; next one in %.1fs", self.scheduler.interval)
             self.scheduler.failed()
             return
-        for name, value in counts.as_dict().items():
-            if value and name != "due":
-                self.stats.add(f"cron_{name}", value)
+        for name, value in counts._asdict().items():
+            if value:
+                self.stats.add(name, value)
 
     # -- outcomes -------------------------------------------------------------
 

@@ -308,15 +308,15 @@ def test_the_service_sleeps_until_the_next_tick_or_one_interval():
     with connection.cursor() as cursor:
         db_now = scheduler.database_now(cursor)
         CronFactory(schedule="0 0 1 1 *", created=db_now)  # next year
-        service.run(cursor)
+        service.run_once(cursor)
         assert service.interval - 0.1 < service.seconds_until_due(time.monotonic()) <= 1.0
         soon = CronFactory(schedule="0 0 1 1 *", created=db_now)
         Cron.objects.filter(pk=soon.pk).update(next_tick_at=db_now + timedelta(seconds=30.2))
-        service.run(cursor)  # a pass well before the tick...
+        service.run_once(cursor)  # a pass well before the tick...
         Cron.objects.filter(pk=soon.pk).update(
             next_tick_at=scheduler.database_now(cursor) + timedelta(milliseconds=200)
         )
-        service.run(cursor)  # ...and one 0.2 s before it: it wakes for the tick.
+        service.run_once(cursor)  # ...and one 0.2 s before it: it wakes for the tick.
         assert service.seconds_until_due(time.monotonic()) < 0.25
 
 
