@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from django.db import connection, connections
+from psycopg.conninfo import make_conninfo
 
 from django_conveyor import executor
 from django_conveyor.conf import conveyor_settings
@@ -52,6 +53,12 @@ def run_burst(**options: Any) -> Worker:
 
 def state_of(job_id: int | str) -> str:
     return Job.objects.get(pk=int(job_id)).state
+
+
+def direct_dsn() -> str | None:
+    """The test database, bypassing PgBouncer when the suite runs behind one."""
+    base = os.environ.get("CONVEYOR_TEST_DIRECT_DSN")
+    return make_conninfo(base, dbname=connection.settings_dict["NAME"]) if base else None
 
 
 def worker_env() -> dict[str, str]:
