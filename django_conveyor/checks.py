@@ -12,16 +12,19 @@ from typing import Any
 from django.conf import settings
 from django.core import checks
 
-from .conf import problems, raw_settings
+from .conf import problems, raw_settings, written
+from .schedules import check_cron
+
+__all__ = ["check_cron", "check_database", "check_settings"]
 
 
 def check_settings(**kwargs: Any) -> Iterable[checks.CheckMessage]:
-    for problem in problems(raw_settings(), databases=settings.DATABASES):
+    for problem in problems(written(), databases=settings.DATABASES):
         yield checks.Error(problem.msg, hint=problem.hint, id=problem.id)
 
 
 def check_database(**kwargs: Any) -> Iterable[checks.CheckMessage]:
-    raw = raw_settings() if isinstance(raw_settings(), dict) else {}
+    raw = raw_settings()
     shards = raw.get("QUEUE_DATABASES", {})
     aliases = [raw.get("DATABASE", "default")]
     aliases += list(shards.values()) if isinstance(shards, dict) else []

@@ -179,6 +179,10 @@ class ConveyorSettings:
         (dict,), {}, "sharding: queue name -> the DATABASES alias holding its jobs.",
         convert=dict,
     )  # fmt: skip
+    CRON = Setting["dict[str, dict[str, Any]]"](
+        (dict,), {}, "periodic jobs: schedule name -> {schedule, task, ...}; see docs/cron.md.",
+        convert=dict,
+    )  # fmt: skip
 
     def __init__(self, values: Mapping[str, Any]) -> None:
         self._values = dict(values)
@@ -279,9 +283,15 @@ def _database_problems(values: dict[str, Any], databases: Collection[str] | None
     return found
 
 
-def raw_settings() -> Any:
-    """The user's CONVEYOR value as written (an empty dict when unset)."""
+def written() -> Any:
+    """The user's CONVEYOR value exactly as written (an empty dict when unset)."""
     return getattr(django_settings, "CONVEYOR", {})
+
+
+def raw_settings() -> dict[str, Any]:
+    """The user's CONVEYOR dict as written, unvalidated ({} unless it is a dict)."""
+    value = written()
+    return dict(value) if isinstance(value, dict) else {}
 
 
 # Values no code could run with; the rest (unknown keys, missing aliases, the
@@ -292,10 +302,10 @@ REFUSED_AT_RUNTIME = frozenset({"conveyor.E001", "conveyor.E003", "conveyor.E004
 @functools.cache
 def conveyor_settings() -> ConveyorSettings:
     """The validated settings; a bad value raises, naming the key, even without checks."""
-    raw = raw_settings()
-    refused = [p for p in problems(raw) if p.id in REFUSED_AT_RUNTIME]
+    refused = [p for p in problems(written()) if p.id in REFUSED_AT_RUNTIME]
     if refused:
         raise ConveyorConfigurationError(" ".join(p.msg for p in refused))
+    raw = raw_settings()
     return ConveyorSettings({s.name: s.value(raw) for s in SETTINGS.values()})
 
 

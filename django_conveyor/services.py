@@ -9,8 +9,13 @@ A service is a small object with
   connection, returning a NamedTuple of ints that the worker adds to its
   stats under the field names. Tests call it directly.
 
+A service whose next pass depends on what it found keeps its own
+`next_due` (monotonic), which the schedule then follows instead of
+`interval` (the cron scheduler wakes for the next tick), and may have a
+`failed()` method, called after a pass that raised.
+
 The worker builds its services in `Worker.services()` (heartbeat, reaper,
-timeouts); the scheduler and the worker registry plug in there too. The
+timeouts, the cron scheduler); the worker registry plugs in there too. The
 control loop calls `Schedule.run_due` on every pass, which runs each service
 that is due, logs a failure and carries on; only a lost connection goes up
 to the loop, which reconnects.
@@ -66,13 +71,17 @@ class Schedule:
         self.stats = stats
         self.due = dict.fromkeys((s.name for s in services), 0.0)  # monotonic
 
+    def due_at(self, service: Service) -> float:
+        """When `service` runs next (monotonic): its own `next_due`, if it keeps one."""
+        return getattr(service, "next_due", self.due[service.name])
+
     def run_due(self, conn: psycopg.Connection, now: Now, *, draining: bool = False) -> None:
         """Run every service that is due; a service that fails is logged and retried."""
         with conn.cursor() as cur:
             for service in self.services:
                 if draining and not service.while_draining:
                     continue
-                if now.monotonic < self.due[service.name]:
+                if now.monotonic < self.due_at(service):
                     continue
                 self.due[service.name] = now.monotonic + service.interval
                 try:
@@ -84,11 +93,11 @@ class Schedule:
                     logger.exception(
                         "%s failed; it runs again in %.1fs", service.name, service.interval
                     )
+                    if failed := getattr(service, "failed", None):
+                        failed()  # Its own clean-up (a connection it may have broken).
                 else:
                     self.stats.update(counts._asdict())
 
-    def next_due(self) -> float:
-        """The monotonic time the next interval service is due (inf when none)."""
-        return min(
-            (self.due[s.name] for s in self.services if s.interval > 0), default=float("inf")
-        )
+    def earliest_due(self) -> float:
+        """When the next service with an interval is due (monotonic; inf when none)."""
+        return min((self.due_at(s) for s in self.services if s.interval > 0), default=float("inf"))

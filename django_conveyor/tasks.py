@@ -105,8 +105,8 @@ def resolve_task(task_path: str) -> Task:
     """The task a job names (its `task_path`), for the worker and `get_result()` alike."""
     try:
         obj = import_string(task_path)
-    except ImportError as exc:
-        raise UnknownTask(f"The job's task {task_path!r} cannot be imported: {exc}.") from exc
+    except Exception as exc:  # ImportError, or whatever the module raised as it loaded.
+        raise UnknownTask(f"{task_path!r} does not import: {type(exc).__name__}: {exc}.") from exc
     if not isinstance(obj, Task):
         raise UnknownTask(f"{task_path!r} is not a task (decorate it with @task).")
     return obj

@@ -3,9 +3,9 @@
 The control loop owns the worker's database connection and does all of its
 protocol traffic. Each pass:
 
-1. runs the maintenance services that are due: the heartbeat, the reaper
-   and the timeouts (heartbeat.py, reaper.py, timeouts.py; services.py
-   says what a service is);
+1. runs the maintenance services that are due: the heartbeat, the reaper,
+   the timeouts and the cron scheduler (heartbeat.py, reaper.py,
+   timeouts.py, scheduler.py; services.py says what a service is);
 2. runs one cycle: write every pending outcome and claim new work, in one
    transaction (leases.py holds the leases and their outcomes, claims.py
    sizes and runs the claim);
@@ -43,6 +43,7 @@ from .leases import Leases
 from .listener import Listener
 from .outcomes import Outcome
 from .reaper import Reaper
+from .scheduler import SchedulerService
 from .services import Now, Schedule, Service
 from .slots import SlotPool
 from .timeouts import Timeouts
@@ -87,6 +88,7 @@ class WorkerOptions:
     prefetch: int | None = None  # CONVEYOR["PREFETCH"]
     max_jobs: int | None = None  # Exit after this many attempts finished.
     worker_id: str | None = None  # A new host:pid:random id.
+    cron: bool = True  # Run the scheduler service (periodic jobs); --no-cron turns it off.
     stop_signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT)
     instrument: Instrument | None = None  # Metrics hook; None reports nothing.
 
@@ -164,7 +166,14 @@ class Worker:
 
     def services(self) -> list[Service]:
         """The maintenance services the control loop schedules, in the order a pass runs them."""
-        return [self.heartbeat, Reaper(interval=self.config.reap_seconds), Timeouts(self.leases)]
+        services: list[Service] = [
+            self.heartbeat,
+            Reaper(interval=self.config.reap_seconds),
+            Timeouts(self.leases),
+        ]
+        if self.options.cron:
+            services.append(SchedulerService(database=self.config.database))
+        return services
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -280,4 +289,6 @@ class Worker:
 
     def sleep_seconds(self) -> float:
         """Until the poll interval passes or the next service is due."""
-        return min(self.config.poll_seconds, max(self.schedule.next_due() - time.monotonic(), 0.0))
+        return min(
+            self.config.poll_seconds, max(self.schedule.earliest_due() - time.monotonic(), 0.0)
+        )

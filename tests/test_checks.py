@@ -153,6 +153,7 @@ def test_defaults_are_the_documented_ones():
         assert {s.name: getattr(values, s.name) for s in DECLARED} == {
             "BACKOFF_BASE_SECONDS": 1.0,
             "BACKOFF_CAP_SECONDS": 600.0,
+            "CRON": {},
             "DATABASE": "default",
             "HEARTBEAT_SECONDS": 10.0,
             "LEASE_SECONDS": 30.0,

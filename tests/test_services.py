@@ -304,7 +304,7 @@ class TestSchedule:
             schedule.run_due(conn, T0)
         assert "broken failed; it runs again in 5.0s" in caplog.text
         assert stats.counts["reaped"] == 2
-        assert schedule.next_due() == T0.monotonic + 5.0
+        assert schedule.earliest_due() == T0.monotonic + 5.0
         schedule.run_due(conn, T0._replace(monotonic=T0.monotonic + 1))  # broken not due
         schedule.run_due(conn, T0._replace(monotonic=T0.monotonic + 6), draining=True)
         assert calls == [
@@ -325,4 +325,4 @@ class TestSchedule:
         schedule = Schedule([Disconnected()], Stats())
         with pytest.raises(psycopg.OperationalError):
             schedule.run_due(conn, T0)
-        assert schedule.next_due() == 0.0  # Runs first thing after the reconnect.
+        assert schedule.earliest_due() == 0.0  # Runs first thing after the reconnect.
