@@ -35,6 +35,12 @@ class ConveyorTaskResult(TaskResult):
     created: bool = True  # False when an idempotency key returned an existing job.
     state: str = JobState.AVAILABLE  # The job's own state, finer than `status`.
 
+    def __post_init__(self) -> None:
+        # No normalising copy of args and kwargs: every result is built by
+        # task_result() from JSON values (a jsonb column, or enqueue's JSON
+        # round trip), and the worker builds two per attempt.
+        pass
+
     def refresh(self) -> None:
         """Reload from the database, including the finer `state`."""
         self._copy_from(self.task.get_backend().get_result(self.id))
