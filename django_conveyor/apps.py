@@ -10,6 +10,8 @@ class ConveyorConfig(AppConfig):
 
     def ready(self) -> None:
         from . import checks as conveyor_checks
+        from .api.checks import check_api_settings
 
         checks.register(conveyor_checks.check_settings)
         checks.register(conveyor_checks.check_database)
+        checks.register(check_api_settings)
