@@ -117,7 +117,8 @@ WITHOUT_EXTRAS = textwrap.dedent(
     import django_conveyor.admin, django_conveyor.backend, django_conveyor.apikeys
     from django.core.management import call_command
     # The worker ends with sys.exit(0): report what was imported on the way out.
-    atexit.register(lambda: print("LOADED", [m for m in sys.modules if m.split(".")[0] in OPTIONAL]))
+    loaded = lambda: [m for m in sys.modules if m.split(".")[0] in OPTIONAL]
+    atexit.register(lambda: print("LOADED", loaded()))
     call_command("conveyor_worker", "--burst", "--queues", "default", "--poll-only")
     """
 )
