@@ -4,12 +4,16 @@ A page is "the `limit` jobs with the highest ids below the cursor". New jobs
 get higher ids, so inserts never shift a later page: a client walking the
 pages sees every job that existed when it started exactly once.
 
-Each page is read from `conveyor_job_list_idx` `(state, queue, id)` as one
-short index range per (state, queue) pair, merged by id (a hand-made skip
-scan): with both filters that is one range; with `queue` alone, one per
+Each page is the merge, by id, of one short read per (state, queue) pair,
+each a range of `conveyor_job_list_idx` `(state, queue, id)` (a hand-made
+skip scan): with both filters there is one pair; with `queue` alone, one per
 state (seven); with `state` alone, one per queue that has jobs in that
-state (found with a loose index scan). Without either, the primary key is
-read backwards. The `task` filter is applied inside those ranges.
+state (found first with a loose index scan). Every pair is a constant in
+its branch, so the planner knows from the statistics which pairs are rare
+(read from the index range) and which hold most of the table (read from
+the primary key backwards, which fills a page as fast). Without either
+filter the primary key is read backwards. The `task` filter is applied
+inside those reads.
 """
 
 from __future__ import annotations
@@ -17,32 +21,20 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+from typing import Any
+
+from django.db import connections
 
 from ..models import Job
 from ..states import JobState
 from ..stats import QUEUES_IN_STATE
 
-_RANGE = """
-SELECT page.* FROM ({pairs}) AS p(state, queue)
-CROSS JOIN LATERAL (
+_BRANCH = """(
     SELECT j.* FROM conveyor_job AS j
-    WHERE j.state = p.state AND j.queue = p.queue AND j.id < %(before)s {task}
+    WHERE j.state = %(state_{n})s AND j.queue = %(queue_{n})s AND j.id < %(before)s {task}
     ORDER BY j.id DESC
     LIMIT %(limit)s
-) AS page
-ORDER BY page.id DESC
-LIMIT %(limit)s
-"""
-
-PAGE_BY_STATE_AND_QUEUE = _RANGE.format(
-    pairs="SELECT %(state)s::text, %(queue)s::text", task="{task}"
-)
-PAGE_BY_QUEUE = _RANGE.format(
-    pairs="SELECT s, %(queue)s::text FROM unnest(%(states)s::text[]) AS s", task="{task}"
-)
-PAGE_BY_STATE = _RANGE.format(
-    pairs=f"SELECT %(state)s::text, q.queue FROM ({QUEUES_IN_STATE}) AS q", task="{task}"
-)
+)"""
 PAGE = """
 SELECT j.* FROM conveyor_job AS j
 WHERE j.id < %(before)s {task}
@@ -74,6 +66,45 @@ def decode_cursor(cursor: str | None) -> int:
     return before
 
 
+def _pairs(database: str, state: str | None, queue: str | None) -> list[tuple[str, str]]:
+    if state and queue:
+        return [(state, queue)]
+    if queue:
+        return [(s.value, queue) for s in JobState]
+    with connections[database].cursor() as cursor:
+        cursor.execute(QUEUES_IN_STATE, {"state": state})
+        return [(state, name) for (name,) in cursor.fetchall()]
+
+
+def query(
+    database: str,
+    *,
+    state: str | None,
+    queue: str | None,
+    task: str | None,
+    before: int,
+    limit: int,
+) -> tuple[str, dict[str, Any]]:
+    """The SQL of one page of at most `limit` jobs, and its parameters."""
+    params: dict[str, Any] = {"task": task, "before": before, "limit": limit}
+    task_filter = TASK_FILTER if task else ""
+    if not (state or queue):
+        return PAGE.format(task=task_filter), params
+    pairs = _pairs(database, state, queue)
+    if not pairs:
+        return "SELECT * FROM conveyor_job WHERE false", params
+    branches = []
+    for n, (pair_state, pair_queue) in enumerate(pairs):
+        params[f"state_{n}"], params[f"queue_{n}"] = pair_state, pair_queue
+        branches.append(_BRANCH.format(n=n, task=task_filter))
+    sql = (
+        "SELECT page.* FROM (\n"
+        + "\nUNION ALL\n".join(branches)
+        + "\n) AS page\nORDER BY page.id DESC\nLIMIT %(limit)s"
+    )
+    return sql, params
+
+
 def page(
     database: str,
     *,
@@ -84,23 +115,9 @@ def page(
     limit: int,
 ) -> tuple[list[Job], int | None]:
     """One page (newest first) and the cursor id of the next, or None on the last."""
-    if state and queue:
-        sql = PAGE_BY_STATE_AND_QUEUE
-    elif queue:
-        sql = PAGE_BY_QUEUE
-    elif state:
-        sql = PAGE_BY_STATE
-    else:
-        sql = PAGE
-    params = {
-        "state": state,
-        "queue": queue,
-        "states": [s.value for s in JobState],
-        "task": task,
-        "before": before,
-        "limit": limit + 1,
-    }
-    sql = sql.format(task=TASK_FILTER if task else "")
+    sql, params = query(
+        database, state=state, queue=queue, task=task, before=before, limit=limit + 1
+    )
     jobs = list(Job.objects.using(database).raw(sql, params))
     if len(jobs) > limit:
         return jobs[:limit], jobs[limit - 1].id
