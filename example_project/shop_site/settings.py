@@ -25,6 +25,10 @@ ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["127.0.0.1", "localhost"])
 
 DATA_DIR = os.environ.get("CONVEYOR_DATA_DIR") or VAR_DIR / "pg-example"
 DATABASES = {"default": env.db_url_config(database_url(DATA_DIR))}
+# Keep connections between requests, as a deployed site would (the API pays
+# for a new PostgreSQL connection on every request otherwise).
+DATABASES["default"]["CONN_MAX_AGE"] = env.int("CONN_MAX_AGE", default=60)
+DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 
 INSTALLED_APPS = [
     "django.contrib.admin",
