@@ -169,6 +169,7 @@ def _created_job(task: Task, result: Any, key: str | None) -> dict[str, Any]:
 
 @router.post(
     "/jobs",
+    tags=["jobs"],
     response={201: JobOut, 200: JobOut, 409: ProblemOut, **ERRORS},
     auth=credentials("enqueue"),
     summary="Enqueue a job",
@@ -214,6 +215,7 @@ def enqueue_job(
 
 @router.get(
     "/jobs/{job_id}",
+    tags=["jobs"],
     response={200: JobOut, **ERRORS},
     auth=credentials("read", "conveyor.view_job"),
     summary="Get a job",
@@ -227,6 +229,7 @@ def get_job(request: HttpRequest, job_id: str) -> dict[str, Any]:
 
 @router.get(
     "/jobs",
+    tags=["jobs"],
     response={200: JobPage, **ERRORS},
     auth=credentials("read", "conveyor.view_job"),
     summary="List jobs",
@@ -268,6 +271,7 @@ def _conflict(job_id: str, job: Job, verb: str, allowed: frozenset[JobState]) ->
 
 @router.post(
     "/jobs/{job_id}/requeue",
+    tags=["jobs"],
     response={200: JobOut, 409: ProblemOut, **ERRORS},
     auth=credentials("operate", "conveyor.change_job"),
     summary="Requeue a failed, dead or cancelled job",
@@ -285,6 +289,7 @@ def requeue_job(request: HttpRequest, job_id: str) -> dict[str, Any]:
 
 @router.post(
     "/jobs/{job_id}/cancel",
+    tags=["jobs"],
     response={200: JobOut, 409: ProblemOut, **ERRORS},
     auth=credentials("operate", "conveyor.change_job"),
     summary="Cancel a job that has not started",
@@ -314,6 +319,7 @@ def queue_out(entry: stats.QueueStats) -> dict[str, Any]:
 
 @router.get(
     "/queues",
+    tags=["queues"],
     response={200: list[QueueOut], **ERRORS},
     auth=credentials("read", "conveyor.view_queue"),
     summary="List queues",
@@ -332,6 +338,7 @@ def _queue(name: str) -> dict[str, Any]:
 
 @router.post(
     "/queues/{name}/pause",
+    tags=["queues"],
     response={200: QueueOut, **ERRORS},
     auth=credentials("operate", "conveyor.change_queue"),
     summary="Pause a queue",
@@ -346,6 +353,7 @@ def pause_queue(request: HttpRequest, name: str) -> dict[str, Any]:
 
 @router.post(
     "/queues/{name}/resume",
+    tags=["queues"],
     response={200: QueueOut, **ERRORS},
     auth=credentials("operate", "conveyor.change_queue"),
     summary="Resume a queue",

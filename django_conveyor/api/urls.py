@@ -34,7 +34,8 @@ api = ConveyorAPI(
     version=_version(),
     description=(
         "Enqueue and operate durable jobs over HTTP. Authenticate with "
-        "'Authorization: Bearer <key>' (manage.py conveyor_api_key create)."
+        "`Authorization: Bearer <key>` (keys come from `manage.py conveyor_api_key create`), "
+        "or, for reading and operating, with a staff session."
     ),
     urls_namespace=NAMESPACE,
     docs=OfflineSwagger(),
