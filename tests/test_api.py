@@ -13,6 +13,7 @@ from django.contrib.auth.models import Permission, User
 from django.test import Client, override_settings
 
 from django_conveyor import apikeys
+from django_conveyor.api.errors import BodyTooLarge, LimitedJSONParser
 from django_conveyor.models import ApiKey, Job, Queue
 from tests.factories import JobFactory
 from tests.helpers import run_burst
@@ -101,6 +102,15 @@ class TestEnqueue:
         assert Job.objects.using("shard").count() == 1
         assert api.get(response["Location"]).json()["queue"] == "other"
 
+    def test_a_task_that_takes_context_gets_its_arguments_checked_without_it(self, api):
+        assert (
+            enqueue(api, {"task": "tests.testapp.tasks.apply_once", "args": ["x"]}).status_code
+            == 201
+        )
+        refused = enqueue(api, {"task": "tests.testapp.tasks.apply_once", "args": []})
+        assert "missing a required argument: 'label'" in field_errors(refused)["args"]
+        Job.objects.all().delete()
+
     def test_a_pattern_on_the_allow_list_admits_the_tasks_it_matches(self, api):
         response = enqueue(api, {"task": "tests.testapp.tasks.fails_then_succeeds", "args": [0]})
         assert response.status_code == 201
@@ -185,6 +195,12 @@ class TestEnqueueRefusals:
         assert field_errors(response) == {
             None: "The request body is larger than CONVEYOR['API_MAX_BODY_BYTES'] (100 bytes)."
         }
+
+    def test_a_body_without_a_length_is_measured_when_read(self, rf):
+        request = rf.post(JOBS, "{}", content_type="application/json")
+        request._body = b'{"args": ["' + b"x" * 200 + b'"]}'  # as ASGI or chunked bodies arrive
+        with override_settings(CONVEYOR={"API_MAX_BODY_BYTES": 100}), pytest.raises(BodyTooLarge):
+            LimitedJSONParser().parse_body(request)
 
     def test_an_idempotency_key_that_is_too_long(self, api):
         errors = field_errors(enqueue(api, {"task": ADD, "args": [1, 2]}, key="k" * 256))
@@ -395,6 +411,13 @@ class TestOperating:
     def test_404_for_operations_on_a_missing_job(self, api):
         assert api.post(f"{JOBS}/999/requeue").status_code == 404
         assert api.post(f"{JOBS}/999/cancel").status_code == 404
+
+    def test_operations_are_logged_with_the_actor_never_the_key(self, api, caplog):
+        job = JobFactory(dead=True)
+        with caplog.at_level("INFO", logger="django_conveyor.api"):
+            api.post(f"{JOBS}/{job.id}/requeue")
+        assert f"api:svc requeued job {job.id}" in caplog.text
+        assert "cvk_" not in caplog.text
 
     def test_queues_pause_and_resume(self, api):
         JobFactory.create_batch(2, queue="emails")

@@ -9,6 +9,7 @@ as the admin and the CLI do.
 from __future__ import annotations
 
 import inspect
+import logging
 from typing import Any
 
 from django.http import HttpRequest, HttpResponse
@@ -44,6 +45,7 @@ from .schemas import (
 MAX_IDEMPOTENCY_KEY_LENGTH = 255
 NAMESPACE = "conveyor-api"
 
+logger = logging.getLogger(__name__)
 router = Router()
 ERRORS = {code: ProblemOut for code in (400, 401, 403, 404)}
 
@@ -283,6 +285,7 @@ def requeue_job(request: HttpRequest, job_id: str) -> dict[str, Any]:
     if not operations.requeue([job.id], database=database):
         job.refresh_from_db(using=database)
         raise _conflict(job_id, job, "requeued", REQUEUEABLE_STATES)
+    logger.info("%s requeued job %s", request.auth.actor, job_id)
     job.refresh_from_db(using=database)
     return job_out(job, database)
 
@@ -301,6 +304,7 @@ def cancel_job(request: HttpRequest, job_id: str) -> dict[str, Any]:
     if not operations.cancel([job.id], database=database):
         job.refresh_from_db(using=database)
         raise _conflict(job_id, job, "cancelled", CANCELLABLE_STATES)
+    logger.info("%s cancelled job %s", request.auth.actor, job_id)
     job.refresh_from_db(using=database)
     return job_out(job, database)
 
@@ -347,7 +351,8 @@ def _queue(name: str) -> dict[str, Any]:
 def pause_queue(request: HttpRequest, name: str) -> dict[str, Any]:
     """Workers stop claiming from it; running jobs finish."""
     _queue(name)
-    operations.pause([name])
+    if operations.pause([name]):
+        logger.info("%s paused queue %s", request.auth.actor, name)
     return _queue(name)
 
 
@@ -362,5 +367,6 @@ def pause_queue(request: HttpRequest, name: str) -> dict[str, Any]:
 def resume_queue(request: HttpRequest, name: str) -> dict[str, Any]:
     """Workers claim from it again, woken at once."""
     _queue(name)
-    operations.resume([name])
+    if operations.resume([name]):
+        logger.info("%s resumed queue %s", request.auth.actor, name)
     return _queue(name)
