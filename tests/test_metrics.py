@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.test import override_settings
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
@@ -14,7 +14,7 @@ from django_conveyor import apikeys, stats
 from django_conveyor.models import Job
 from tests.factories import JobFactory
 from tests.helpers import run_burst, wait_until
-from tests.testapp.tasks import add, always_fails
+from tests.testapp.tasks import add, always_fails, send_email
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "shard"])
 
@@ -114,3 +114,28 @@ def test_openmetrics_when_asked(client):
     )
     assert response["Content-Type"].startswith("application/openmetrics-text")
     assert response.content.decode().rstrip().endswith("# EOF")
+
+
+def test_the_site_counts_new_jobs_and_replays_apart(client):
+    client.get("/conveyor/api/openapi.json")  # loads the URLs, which install the counters
+    key = metrics_key()
+    before = scrape(client, **key)
+
+    def count(samples, name):
+        return samples.get(
+            (name, (("queue", "emails"), ("task", "tests.testapp.tasks.send_email"))), 0
+        )
+
+    for n in range(3):
+        send_email.enqueue(f"user{n}@example.com")
+    keyed = send_email.using(idempotency_key="welcome-1")
+    keyed.enqueue("a@example.com")
+    keyed.enqueue("a@example.com")  # a replay: no new job
+    with transaction.atomic():
+        send_email.enqueue("never@example.com")
+        transaction.set_rollback(True)  # rolled back: not a job, not counted
+    after = scrape(client, **key)
+    new = "conveyor_jobs_enqueued_total"
+    replays = "conveyor_jobs_enqueue_replays_total"
+    assert count(after, new) - count(before, new) == 4
+    assert count(after, replays) - count(before, replays) == 1

@@ -1,6 +1,7 @@
 """`/conveyor/metrics`: gauges computed from the database at scrape time.
 
 Mount with ``path("conveyor/metrics", include("django_conveyor.metrics.urls"))``.
+The same response carries this site's enqueue counters (`process.py`).
 A scrape needs an API key with the `metrics` scope (`Authorization: Bearer`)
 or a client address in `CONVEYOR["METRICS_ALLOWED_ADDRESSES"]`. The figures
 and how each is found cheaply are in `django_conveyor.stats`.
@@ -23,6 +24,7 @@ from prometheus_client.registry import Collector
 from .. import apikeys, operations, stats
 from ..conf import conveyor_settings
 from ..states import JobState
+from . import process
 
 SCOPE = "metrics"
 
@@ -77,8 +79,10 @@ class DatabaseCollector(Collector):
 
 
 def registry() -> CollectorRegistry:
+    """The database's gauges, and this site's own enqueue counters."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(DatabaseCollector())
+    registry.register(process.collector())
     return registry
 
 

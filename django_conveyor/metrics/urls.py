@@ -2,7 +2,10 @@
 
 from django.urls import path
 
+from . import process
 from .scrape import metrics_view
+
+process.install()  # the site counts its enqueues once its URLs are loaded
 
 app_name = "conveyor-metrics"
 urlpatterns = [path("", metrics_view, name="metrics")]
