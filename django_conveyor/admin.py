@@ -1,4 +1,4 @@
-"""The Django admin: jobs, the dead-letter view, queues and the effect ledger.
+"""The Django admin: jobs, the dead-letter view, queues, the effect ledger and API keys.
 
 Jobs are read-only here; requeue and cancel go through `operations`, which
 goes through the protocol, like every other state change.
@@ -14,9 +14,9 @@ from django.http import HttpRequest
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 
-from . import operations
+from . import apikeys, operations
 from .conf import conveyor_settings
-from .models import DeadLetter, Job, LedgerEntry, Queue
+from .models import ApiKey, DeadLetter, Job, LedgerEntry, Queue
 from .states import JobState
 
 MAX_TASK_FILTER_CHOICES = 200
@@ -254,3 +254,22 @@ class LedgerEntryAdmin(ReadOnlyAdmin):
     def job_link(self, obj: LedgerEntry) -> str:
         url = reverse("admin:conveyor_job_change", args=[obj.job_id])
         return format_html("<a href='{}'>job {}</a>", url, obj.job_id)
+
+
+@admin.action(permissions=["change"], description="Revoke selected API keys")
+def revoke_api_keys(
+    modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet[ApiKey]
+) -> None:
+    revoked = [key for key in queryset if apikeys.revoke(key.prefix)]
+    modeladmin.message_user(request, f"Revoked {len(revoked)} API key(s).", messages.SUCCESS)
+
+
+@admin.register(ApiKey)
+class ApiKeyAdmin(ReadOnlyAdmin):
+    """Keys are created with `manage.py conveyor_api_key create`, which shows the key once."""
+
+    list_display = ("name", "prefix", "scopes", "created_at", "last_used_at", "revoked_at")
+    list_filter = (("revoked_at", admin.EmptyFieldListFilter),)
+    search_fields = ("name", "=prefix")
+    exclude = ("secret_hash",)
+    actions = [revoke_api_keys]

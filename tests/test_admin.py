@@ -120,3 +120,20 @@ def test_anonymous_users_are_sent_to_login(client):
     response = client.get(reverse("admin:conveyor_job_changelist"))
     assert response.status_code == 302
     assert "/login/" in response["Location"]
+
+
+def test_api_keys_are_listed_without_their_hash_and_can_be_revoked(staff):
+    from django_conveyor import apikeys
+    from django_conveyor.models import ApiKey
+
+    key, raw = apikeys.create("billing", ["enqueue"])
+    page = staff.get(reverse("admin:conveyor_apikey_changelist")).content.decode()
+    assert "billing" in page and key.prefix in page and key.secret_hash not in page
+    detail = staff.get(reverse("admin:conveyor_apikey_change", args=[key.pk])).content.decode()
+    assert key.secret_hash not in detail and raw not in detail
+    staff.post(
+        reverse("admin:conveyor_apikey_changelist"),
+        {"action": "revoke_api_keys", "_selected_action": [key.pk]},
+    )
+    assert ApiKey.objects.get().revoked_at is not None
+    assert apikeys.authenticate(raw) is None
