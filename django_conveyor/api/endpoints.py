@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from django.http import HttpRequest, HttpResponse
@@ -271,6 +272,23 @@ def _conflict(job_id: str, job: Job, verb: str, allowed: frozenset[JobState]) ->
     )
 
 
+def _operate(
+    request: HttpRequest,
+    job_id: str,
+    action: Callable[..., list[int]],
+    verb: str,
+    allowed: frozenset[JobState],
+) -> dict[str, Any]:
+    """Run an operation on one job through `operations`; 409 when its state refuses it."""
+    database, job = _job(job_id)
+    changed = action([job.id], database=database)
+    job.refresh_from_db(using=database)
+    if not changed:
+        raise _conflict(job_id, job, verb, allowed)
+    logger.info("%s %s job %s", request.auth.actor, verb, job_id)
+    return job_out(job, database)
+
+
 @router.post(
     "/jobs/{job_id}/requeue",
     tags=["jobs"],
@@ -281,13 +299,7 @@ def _conflict(job_id: str, job: Job, verb: str, allowed: frozenset[JobState]) ->
 )
 def requeue_job(request: HttpRequest, job_id: str) -> dict[str, Any]:
     """Gives the job a fresh set of attempts; 409 unless it is failed, dead or cancelled."""
-    database, job = _job(job_id)
-    if not operations.requeue([job.id], database=database):
-        job.refresh_from_db(using=database)
-        raise _conflict(job_id, job, "requeued", REQUEUEABLE_STATES)
-    logger.info("%s requeued job %s", request.auth.actor, job_id)
-    job.refresh_from_db(using=database)
-    return job_out(job, database)
+    return _operate(request, job_id, operations.requeue, "requeued", REQUEUEABLE_STATES)
 
 
 @router.post(
@@ -300,13 +312,7 @@ def requeue_job(request: HttpRequest, job_id: str) -> dict[str, Any]:
 )
 def cancel_job(request: HttpRequest, job_id: str) -> dict[str, Any]:
     """409 unless the job is blocked or available."""
-    database, job = _job(job_id)
-    if not operations.cancel([job.id], database=database):
-        job.refresh_from_db(using=database)
-        raise _conflict(job_id, job, "cancelled", CANCELLABLE_STATES)
-    logger.info("%s cancelled job %s", request.auth.actor, job_id)
-    job.refresh_from_db(using=database)
-    return job_out(job, database)
+    return _operate(request, job_id, operations.cancel, "cancelled", CANCELLABLE_STATES)
 
 
 def queue_out(entry: stats.QueueStats) -> dict[str, Any]:
@@ -334,9 +340,14 @@ def list_queues(request: HttpRequest) -> list[dict[str, Any]]:
     return [queue_out(q) for q in stats.snapshot(operations.known_queues()).values()]
 
 
-def _queue(name: str) -> dict[str, Any]:
+def _switch(
+    request: HttpRequest, name: str, action: Callable[[list[str]], int], verb: str
+) -> dict[str, Any]:
+    """Pause or resume one queue through `operations`; 404 for a queue nobody names."""
     if name not in operations.known_queues():
         raise Problem(404, f"No queue is named {name!r}.")
+    if action([name]):
+        logger.info("%s %s queue %s", request.auth.actor, verb, name)
     return queue_out(stats.snapshot([name])[name])
 
 
@@ -350,10 +361,7 @@ def _queue(name: str) -> dict[str, Any]:
 )
 def pause_queue(request: HttpRequest, name: str) -> dict[str, Any]:
     """Workers stop claiming from it; running jobs finish."""
-    _queue(name)
-    if operations.pause([name]):
-        logger.info("%s paused queue %s", request.auth.actor, name)
-    return _queue(name)
+    return _switch(request, name, operations.pause, "paused")
 
 
 @router.post(
@@ -366,7 +374,4 @@ def pause_queue(request: HttpRequest, name: str) -> dict[str, Any]:
 )
 def resume_queue(request: HttpRequest, name: str) -> dict[str, Any]:
     """Workers claim from it again, woken at once."""
-    _queue(name)
-    if operations.resume([name]):
-        logger.info("%s resumed queue %s", request.auth.actor, name)
-    return _queue(name)
+    return _switch(request, name, operations.resume, "resumed")

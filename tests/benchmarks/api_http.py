@@ -33,6 +33,10 @@ from pathlib import Path
 from urllib.parse import quote
 
 REPO = Path(__file__).resolve().parent.parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import scratch  # noqa: E402  (beside this script)
+
 DATABASE = "conveyor_http"
 BODY = json.dumps({"task": "shop.tasks.send_receipt", "args": [1]})
 
@@ -52,16 +56,9 @@ def database_url() -> str:
     import django
 
     django.setup()
-    import psycopg
     from django.db import connection
 
-    from django_conveyor.dbconn import connection_params
-
-    params = connection_params("default")
-    params["dbname"] = "postgres"
-    with psycopg.connect(**params, autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {DATABASE} WITH (FORCE)")
-        conn.execute(f"CREATE DATABASE {DATABASE}")
+    scratch.recreate(DATABASE)
     s = connection.settings_dict
     port = s.get("PORT") or 5432
     if not s.get("HOST") or s["HOST"].startswith("/"):
@@ -69,19 +66,6 @@ def database_url() -> str:
         return f"postgresql://{quote(s['USER'])}@:{port}/{host}/{DATABASE}"
     password = f":{quote(s['PASSWORD'])}" if s.get("PASSWORD") else ""
     return f"postgresql://{quote(s['USER'])}{password}@{s['HOST']}:{port}/{DATABASE}"
-
-
-def drop_database() -> None:
-    import psycopg
-    from django.db import connections
-
-    from django_conveyor.dbconn import connection_params
-
-    connections.close_all()
-    params = connection_params("default")
-    params["dbname"] = "postgres"
-    with psycopg.connect(**params, autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {DATABASE} WITH (FORCE)")
 
 
 def free_port() -> int:
@@ -167,13 +151,8 @@ def main() -> int:
         if server is not None:
             server.terminate()
             server.wait(30)
-        drop_database()
-    print(json.dumps(result, indent=2))
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        path = args.out / f"api-http-{result['date']}.json"
-        path.write_text(json.dumps(result, indent=2) + "\n")
-        print(f"wrote {path}", file=sys.stderr)
+        scratch.drop(DATABASE)
+    scratch.report(result, args.out, "api-http")
     return 0
 
 

@@ -29,6 +29,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent.parent
 sys.path.insert(0, str(REPO))
+
+import scratch  # noqa: E402  (beside this script)
+
 DATABASE = "conveyor_scale"
 SHARD = "conveyor_scale_shard"  # the suite's settings shard the queue "other" there
 
@@ -68,30 +71,6 @@ def setup_django() -> None:
     import django
 
     django.setup()
-
-
-def admin_sql(*statements: str) -> None:
-    import psycopg
-    from django.db import connections
-
-    from django_conveyor.dbconn import connection_params
-
-    connections.close_all()
-    params = connection_params("default")
-    params["dbname"] = "postgres"
-    with psycopg.connect(**params, autocommit=True) as conn:
-        for statement in statements:
-            conn.execute(statement)
-
-
-def recreate_database() -> None:
-    for name in (DATABASE, SHARD):
-        admin_sql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)", f"CREATE DATABASE {name}")
-
-
-def drop_database() -> None:
-    for name in (DATABASE, SHARD):
-        admin_sql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
 def fill(finished: int, ready: int) -> float:
@@ -211,7 +190,7 @@ def main() -> int:
     setup_django()
     from django.core.management import call_command
 
-    recreate_database()
+    scratch.recreate(DATABASE, SHARD)
     try:
         call_command("migrate", verbosity=0)
         call_command("migrate", database="shard", verbosity=0)
@@ -226,13 +205,8 @@ def main() -> int:
         }
     finally:
         if not args.keep:
-            drop_database()
-    print(json.dumps(result, indent=2))
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        path = args.out / f"api-scale-{result['date']}.json"
-        path.write_text(json.dumps(result, indent=2) + "\n")
-        print(f"wrote {path}", file=sys.stderr)
+            scratch.drop(DATABASE, SHARD)
+    scratch.report(result, args.out, "api-scale")
     return 0
 
 
