@@ -46,6 +46,8 @@ class ConveyorSettings:
     RETENTION_SECONDS: float = DEFAULT_RETENTION_SECONDS  # Finished jobs kept by pruning.
     # Sharding: queue name -> Django alias; other queues live in DATABASE.
     QUEUE_DATABASES: dict[str, str] = field(default_factory=dict)
+    # Periodic jobs: schedule name -> {schedule, task, ...}; see docs/cron.md.
+    CRON: dict[str, dict[str, Any]] = field(default_factory=dict)
     # HTTP API (docs/api.md): task paths or patterns the API may enqueue; none by default.
     API_TASKS: tuple[str, ...] = ()
     API_MAX_BODY_BYTES: int = DEFAULT_API_MAX_BODY_BYTES  # Larger POST bodies are refused.
@@ -78,6 +80,7 @@ SETTING_TYPES: dict[str, tuple[type, ...]] = {
     "LISTENER_DSN": (str, type(None)),
     "RETENTION_SECONDS": _NUMBER,
     "QUEUE_DATABASES": (dict,),
+    "CRON": (dict,),
     "API_TASKS": (list, tuple),
     "API_MAX_BODY_BYTES": (int,),
     "METRICS_ALLOWED_ADDRESSES": (list, tuple),
