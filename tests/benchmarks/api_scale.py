@@ -202,6 +202,7 @@ def main() -> int:
             "fill_seconds": round(fill_seconds, 1),
             "scrape": time_scrapes(args.scrapes),
             "pages": explain_pages(),
+            "machine": f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f} at end",
         }
     finally:
         if not args.keep:
