@@ -105,19 +105,12 @@ def query(
     return sql, params
 
 
-def page(
-    database: str,
-    *,
-    state: str | None,
-    queue: str | None,
-    task: str | None,
-    before: int,
-    limit: int,
-) -> tuple[list[Job], int | None]:
-    """One page (newest first) and the cursor id of the next, or None on the last."""
-    sql, params = query(
-        database, state=state, queue=queue, task=task, before=before, limit=limit + 1
-    )
+def page(database: str, *, limit: int, **filters: Any) -> tuple[list[Job], int | None]:
+    """One page (newest first) and the cursor id of the next, or None on the last.
+
+    `filters` are those of `query()`: state, queue, task and before.
+    """
+    sql, params = query(database, limit=limit + 1, **filters)
     jobs = list(Job.objects.using(database).raw(sql, params))
     if len(jobs) > limit:
         return jobs[:limit], jobs[limit - 1].id
