@@ -24,6 +24,10 @@ from . import envs
 CATEGORIES: tuple[tuple[str, str], ...] = (
     ("handler body (the no-op's mark write)", r"bench_common\.py"),
     ("logging", r"\(logging/|log_job \("),
+    (
+        "a threading.Event per claimed job (LeaseState)",
+        r"Worker\.cycle [^;]*;(?:[^;]*;)?[^;]*(?:Event|Condition)\.__init__",
+    ),
     ("TaskResult built per job", r"build_result \(|results\.py|TaskResult"),
     ("task_started/task_finished signals", r"dispatch/dispatcher\.py|\bsend \(|report \("),
     ("JSON encode/decode", r"json_round_trip|json/|_json \(|jsonb|dumps \(|loads \("),

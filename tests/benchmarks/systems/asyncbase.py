@@ -10,17 +10,14 @@ from collections.abc import Coroutine, Sequence
 from typing import Any, TypeVar
 
 from bench_common import SYSTEMS_DIR
-from djsystems import FLOOR_DDL, FLOOR_TABLE, stats_row, table_stats_sql
+from djsystems import FLOOR_TABLE, StoreQueries
 
 T = TypeVar("T")
 
 
-class AsyncAdapter:
+class AsyncAdapter(StoreQueries):
     name = "async"
     has_burst = True
-    finished_sql = ""
-    pending_sql = ""
-    main_table: str | None = None
     floor_description = (
         f"INSERT INTO {FLOOR_TABLE} (payload jsonb) on the system's own connection "
         "(autocommit: one round trip, one commit)"
@@ -53,32 +50,14 @@ class AsyncAdapter:
         argv = [sys.executable, sys.argv[0], "worker", json.dumps(params)]
         return [list(argv) for _ in range(processes)]
 
-    def sql(self, statement: str) -> list[Any]:
+    def sql(self, statement: str, params: Sequence[Any] | None = None) -> list[Any]:
         """A separate psycopg connection for the harness's own queries."""
         import psycopg
 
         if self._sync is None:
             self._sync = psycopg.connect(self.url, autocommit=True)
-        cur = self._sync.execute(statement)
+        cur = self._sync.execute(statement, params)
         return list(cur.fetchall()) if cur.description else []
-
-    def count_finished(self) -> int:
-        return int(self.sql(self.finished_sql)[0][0])
-
-    def pending(self) -> int:
-        return int(self.sql(self.pending_sql)[0][0])
-
-    def analyze(self) -> None:
-        self.sql("ANALYZE")
-
-    def table_stats(self) -> dict[str, Any] | None:
-        if not self.main_table:
-            return None
-        rows = self.sql(table_stats_sql(self.main_table))
-        return stats_row(rows[0] if rows else None)
-
-    def floor_setup(self) -> None:
-        self.sql(FLOOR_DDL)
 
     def floor_insert(self, i: int) -> None:
         self.run(self.afloor(i))

@@ -52,12 +52,38 @@ def stats_row(row: Sequence[Any] | None) -> dict[str, Any] | None:
     }
 
 
-class DjangoAdapter:
-    name = "django"
-    has_burst = True
+class StoreQueries:
+    """What the harness asks of a system's PostgreSQL store, given `self.sql`."""
+
     finished_sql = ""
     pending_sql = ""
     main_table: str | None = None
+
+    def sql(self, statement: str, params: Sequence[Any] | None = None) -> list[Any]:
+        raise NotImplementedError
+
+    def count_finished(self) -> int:
+        return int(self.sql(self.finished_sql)[0][0])
+
+    def pending(self) -> int:
+        return int(self.sql(self.pending_sql)[0][0])
+
+    def analyze(self) -> None:
+        self.sql("ANALYZE")
+
+    def table_stats(self) -> dict[str, Any] | None:
+        if not self.main_table:
+            return None
+        rows = self.sql(table_stats_sql(self.main_table))
+        return stats_row(rows[0] if rows else None)
+
+    def floor_setup(self) -> None:
+        self.sql(FLOOR_DDL)
+
+
+class DjangoAdapter(StoreQueries):
+    name = "django"
+    has_burst = True
     floor_description = (
         f"INSERT INTO {FLOOR_TABLE} (payload jsonb) on Django's connection, autocommit "
         "(its own transaction: one round trip, one commit)"
@@ -98,9 +124,6 @@ class DjangoAdapter:
             for seq in seqs:
                 task.enqueue(seq)
 
-    def floor_setup(self) -> None:
-        self.sql(FLOOR_DDL)
-
     def floor_insert(self, i: int) -> None:
         from django.db import connection
 
@@ -110,21 +133,6 @@ class DjangoAdapter:
     def manage(self, *args: str) -> list[str]:
         # -v 0 for every Django system: no per-job log lines on the hot path
         return [sys.executable, MANAGE, *args, "--verbosity", "0"]
-
-    def count_finished(self) -> int:
-        return int(self.sql(self.finished_sql)[0][0])
-
-    def pending(self) -> int:
-        return int(self.sql(self.pending_sql)[0][0])
-
-    def analyze(self) -> None:
-        self.sql("ANALYZE")
-
-    def table_stats(self) -> dict[str, Any] | None:
-        if not self.main_table:
-            return None
-        rows = self.sql(table_stats_sql(self.main_table))
-        return stats_row(rows[0] if rows else None)
 
     def close(self) -> None:
         from django.db import connections
