@@ -67,6 +67,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "run uses the last (default 2)",
     )
     ap.add_argument(
+        "--figures",
+        metavar="F,...",
+        help="only these figures of each workload, e.g. ready-1e6,queues-100 (growth) "
+        "or '1 process' (drain)",
+    )
+    ap.add_argument(
         "--jobs",
         type=int,
         help="jobs per drain, sweep, growth, limit, sustained and profile run (overrides the size)",
@@ -331,6 +337,7 @@ def main(argv: list[str]) -> int:
         explicit_systems=bool(args.systems),
         pinned=pinned,
         processes=processes,
+        figures=tuple(args.figures.split(",")) if args.figures else None,
         quiet_pct=quiet,
         quiet_max_wait_s=args.quiet_max_wait,
     )

@@ -49,6 +49,7 @@ class Context:
     explicit_systems: bool = False  # --systems named them: run every workload for them
     pinned: dict[str, Any] | None = None  # --setting: no sweep, this setting only
     processes: tuple[int, ...] | None = None  # --processes: drain/limit layouts
+    figures: tuple[str, ...] | None = None  # --figures: only these figures of each workload
     quiet_pct: float = 0.0  # wait before a run until others use less CPU than this
     quiet_max_wait_s: float = 0.0
     pyspy: Path | None = None
@@ -334,6 +335,8 @@ def cells(ctx: Context, workload: str, systems: list[str], phase: str = "final")
                 **chunk,
             }
             out.append(Cell(workload, "1 process", system, setting, "profile", params))
+    if ctx.figures:
+        out = [c for c in out if c.figure in ctx.figures]
     return out
 
 

@@ -33,6 +33,7 @@ RESULT_PREFIX = "BENCH-RESULT "
 SYSTEMS_DIR = Path(__file__).resolve().parent
 ACK_POLL_S = 0.005  # how often the store is polled once the last jobs are running
 MARK_POLL_S = 0.02
+EXITED_GRACE_S = 5.0  # how long the store may lag once every worker has exited
 
 # ---------------------------------------------------------------- handler side
 
@@ -327,6 +328,7 @@ class Run:
         started = time.time() if started is None else started
         deadline = time.monotonic() + timeout
         ok, acked_at, polls = False, None, 0
+        gone_since: float | None = None
         while time.monotonic() < deadline:
             done = self.reader.count()
             exited = procs and all(p.poll() is not None for p in procs)
@@ -336,8 +338,12 @@ class Run:
                 if acknowledged():
                     ok, acked_at = True, t_query
                     break
-                if exited and self.reader.count() < n:
-                    break  # workers gone with jobs left: report what happened
+                if exited:
+                    # every worker is gone and the store still shows jobs unacknowledged
+                    # (e.g. leases a worker gave up while the jobs stayed running): report it
+                    gone_since = gone_since or time.monotonic()
+                    if time.monotonic() - gone_since > EXITED_GRACE_S:
+                        break
                 time.sleep(ACK_POLL_S)
             else:
                 time.sleep(MARK_POLL_S)
@@ -365,6 +371,7 @@ class Run:
             "jobs_per_s": counted / max(end - first, 1e-6),
             "window_s": end - first,
             "window_end": "store shows every job acknowledged" if ok else "last handler end",
+            "unacknowledged_at_end": None if ok else self.adapter.pending(),
             "ack_lag_ms": (acked_at - last) * 1000.0
             if acked_at is not None and not first_n
             else None,
