@@ -67,8 +67,11 @@ class Job(models.Model):
                 name="conveyor_job_reap_idx",
                 condition=Q(state="running"),
             ),
+            # Pruning and the dashboard's throughput chart read it; queue and
+            # state in the index spare them a heap visit per finished row.
             models.Index(
-                "finished_at",
+                fields=["finished_at", "queue"],
+                include=["state"],
                 name="conveyor_job_finished_idx",
                 condition=Q(state__in=["completed", "failed", "dead", "cancelled"]),
             ),

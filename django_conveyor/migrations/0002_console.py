@@ -1,7 +1,7 @@
 # The operations console (issue 14): operator history, cancel requests,
 # the worker registry, the admin's permissions and the indexes its filters use.
 
-from django.contrib.postgres.operations import AddIndexConcurrently
+from django.contrib.postgres.operations import AddIndexConcurrently, RemoveIndexConcurrently
 from django.db import migrations, models
 
 
@@ -71,6 +71,16 @@ class Migration(migrations.Migration):
             name="history",
             field=models.JSONField(
                 blank=True, db_default=models.Value([], models.JSONField()), default=list
+            ),
+        ),
+        RemoveIndexConcurrently(model_name="job", name="conveyor_job_finished_idx"),
+        AddIndexConcurrently(
+            model_name="job",
+            index=models.Index(
+                condition=models.Q(("state__in", ["completed", "failed", "dead", "cancelled"])),
+                fields=["finished_at", "queue"],
+                include=("state",),
+                name="conveyor_job_finished_idx",
             ),
         ),
         AddIndexConcurrently(
