@@ -258,7 +258,7 @@ class JobAdmin(ReadOnlyAdmin):
 
     @admin.display(description="held by")
     def held_by(self, obj: Job) -> str:
-        if not obj.lease_owner:
+        if not obj.lease_owner or obj.state not in (JobState.RUNNING, JobState.COMPLETED):
             return "no worker"
         worker = Worker.objects.using(conveyor_database()).filter(pk=obj.lease_owner).first()
         verb = "completed by" if obj.state == JobState.COMPLETED else "held by"

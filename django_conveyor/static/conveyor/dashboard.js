@@ -1,7 +1,7 @@
 // Refreshes the dashboard's body in place every few seconds (no page reload).
 "use strict";
 (function () {
-  const root = document.getElementById("conveyor-dashboard");
+  const root = document.getElementById("conveyor-overview");
   if (!root) return;
   const status = document.getElementById("conveyor-refresh-status");
   const url = root.dataset.refreshUrl;
