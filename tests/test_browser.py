@@ -9,10 +9,8 @@ Screenshots go to var/screenshots/.
 from __future__ import annotations
 
 import os
-import shutil
 import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from django.contrib.auth.models import User
@@ -20,6 +18,7 @@ from django.urls import reverse
 
 from django_conveyor.admin import dashboard
 from django_conveyor.models import Job
+from tests.chromium import CHROMIUM_ARGS, chromium_path
 from tests.factories import JobFactory
 from tests.helpers import REPO, wait_until
 
@@ -29,24 +28,7 @@ pytestmark = [
 ]
 
 SCREENSHOTS = REPO / "var" / "screenshots"
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 USERNAME, PASSWORD = "ops", "browser-pw"
-
-
-def chromium_path() -> str | None:
-    for candidate in (os.environ.get("CONVEYOR_CHROMIUM"), shutil.which("chromium"),
-                      "/usr/bin/chromium"):  # fmt: skip
-        if candidate and Path(candidate).is_file() and os.access(candidate, os.X_OK):
-            return candidate
-    return None
 
 
 def missing(reason: str) -> None:

@@ -9,7 +9,7 @@ from django.utils.safestring import SafeString
 
 
 def bar_chart(
-    values: Sequence[int], *, width: int = 240, height: int = 36, label: str = ""
+    values: Sequence[int], *, width: int = 120, height: int = 28, label: str = ""
 ) -> SafeString:
     """One bar per value, oldest left; each bar's tooltip says its minute and count."""
     count = len(values) or 1
