@@ -162,26 +162,23 @@ def selection_size(request: HttpRequest) -> int | None:
     return len(request.POST.getlist(helpers.ACTION_CHECKBOX_NAME))
 
 
-@admin.action(
-    permissions=["operate"], description="Requeue selected jobs (failed, dead or cancelled)"
-)
-def requeue_jobs(
-    modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet[Job]
-) -> TemplateResponse | None:
-    return confirm_or_perform(
-        modeladmin, request, queryset, REQUEUE, selected=selection_size(request)
-    )
+def list_action(action: JobAction, description: str) -> Any:
+    """The admin list's action for `action`: confirmation first, then the change."""
+
+    @admin.action(permissions=["operate"], description=description)
+    def run(
+        modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet[Job]
+    ) -> TemplateResponse | None:
+        return confirm_or_perform(
+            modeladmin, request, queryset, action, selected=selection_size(request)
+        )
+
+    run.__name__ = action.name  # The admin names an action after its function.
+    return run
 
 
-@admin.action(
-    permissions=["operate"], description="Cancel selected jobs (running ones cooperatively)"
-)
-def cancel_jobs(
-    modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet[Job]
-) -> TemplateResponse | None:
-    return confirm_or_perform(
-        modeladmin, request, queryset, CANCEL, selected=selection_size(request)
-    )
+requeue_jobs = list_action(REQUEUE, "Requeue selected jobs (failed, dead or cancelled)")
+cancel_jobs = list_action(CANCEL, "Cancel selected jobs (running ones cooperatively)")
 
 
 JOB_PAGE_ACTIONS = {"requeue": REQUEUE, "cancel": CANCEL}
