@@ -15,13 +15,15 @@ from __future__ import annotations
 import json
 import os
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from importlib import metadata
-from typing import Any
+from typing import Any, NamedTuple
 
 from .protocol import Cursor
 
+DEFAULT_INTERVAL_SECONDS = 10.0  # The worker runs it at its heartbeat interval.
 STOPPED_RETENTION_SECONDS = 600.0  # A clean stop stays visible this long.
 LOST_RETENTION_SECONDS = 86400.0  # A lost worker stays visible a day.
 
@@ -79,11 +81,27 @@ class WorkerInfo:
     version: str = package_version()
 
 
-class Registry:
-    """One worker's row: register, refresh with the heartbeat, stop."""
+class RegistryCounts(NamedTuple):
+    registry_refreshed: int = 0  # This worker's row (1, or 0 when not registered yet).
+    workers_forgotten: int = 0  # Rows of long-stopped or long-lost workers deleted.
 
-    def __init__(self, info: WorkerInfo) -> None:
+
+class Registry:
+    """One worker's row: register, refresh with the heartbeat, stop (a service)."""
+
+    name = "registry"
+    while_draining = True  # A draining worker is still alive: keep its row fresh.
+
+    def __init__(
+        self,
+        info: WorkerInfo,
+        *,
+        leases_held: Callable[[], int] = lambda: 0,
+        interval: float = DEFAULT_INTERVAL_SECONDS,
+    ) -> None:
         self.info = info
+        self.leases_held = leases_held
+        self.interval = interval
         self.started_at: datetime | None = None
 
     def _params(self) -> dict[str, Any]:
@@ -101,18 +119,19 @@ class Registry:
         cursor.execute(REGISTER + " RETURNING started_at", self._params())
         self.started_at = cursor.fetchall()[0][0]
 
-    def run_once(self, cursor: Cursor, now: Any = None, *, leases_held: int = 0) -> dict[str, int]:
-        """Refresh this worker's row and forget long-gone ones; returns counts."""
-        cursor.execute(
-            REFRESH,
-            {**self._params(), "started_at": self.started_at, "leases_held": leases_held},
-        )
+    def run_once(self, cursor: Cursor, now: Any = None) -> RegistryCounts:
+        """Refresh this worker's row and forget long-gone ones."""
+        if self.started_at is None:
+            self.register(cursor)
+        params = {**self._params(), "started_at": self.started_at}
+        cursor.execute(REFRESH, {**params, "leases_held": self.leases_held()})
         refreshed = cursor.rowcount
         cursor.execute(
             FORGET, {"stopped": STOPPED_RETENTION_SECONDS, "lost": LOST_RETENTION_SECONDS}
         )
-        return {"refreshed": refreshed, "forgotten": cursor.rowcount}
+        return RegistryCounts(refreshed, cursor.rowcount)
 
     def stop(self, cursor: Cursor) -> None:
         """A clean exit: the row says so, and is forgotten after a while."""
-        cursor.execute(STOP, {"id": self.info.id})
+        if self.started_at is not None:
+            cursor.execute(STOP, {"id": self.info.id})

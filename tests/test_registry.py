@@ -18,13 +18,13 @@ def cur():
         yield cursor
 
 
-def make(worker_id="host:1:abc"):
+def make(worker_id="host:1:abc", leases=0):
     info = registry.WorkerInfo(id=worker_id, queues=("default", "emails"), concurrency=4)
-    return registry.Registry(info)
+    return registry.Registry(info, leases_held=lambda: leases)
 
 
 def test_register_refresh_and_stop(cur):
-    reg = make()
+    reg = make(leases=3)
     reg.register(cur)
     row = Worker.objects.get()
     assert (row.id, row.queues, row.concurrency, row.leases_held) == (
@@ -35,7 +35,7 @@ def test_register_refresh_and_stop(cur):
     )
     assert row.stopped_at is None and row.version
     first_seen = row.last_seen_at
-    assert reg.run_once(cur, leases_held=3) == {"refreshed": 1, "forgotten": 0}
+    assert reg.run_once(cur, None) == (1, 0)
     row = Worker.objects.get()
     assert row.leases_held == 3 and row.last_seen_at >= first_seen
     reg.stop(cur)
@@ -48,7 +48,7 @@ def test_a_row_forgotten_meanwhile_is_written_again_with_its_start(cur):
     reg.register(cur)
     started = Worker.objects.get().started_at
     Worker.objects.all().delete()
-    reg.run_once(cur, leases_held=1)
+    reg.run_once(cur, None)
     assert Worker.objects.get().started_at == started
 
 
@@ -63,5 +63,11 @@ def test_long_stopped_and_long_lost_rows_are_forgotten(cur):
     Worker.objects.create(id="lost-recently", started_at=old, last_seen_at=old, **common)
     reg = make()
     reg.register(cur)
-    assert reg.run_once(cur)["forgotten"] == 2
+    assert reg.run_once(cur, None).workers_forgotten == 2
     assert set(Worker.objects.values_list("id", flat=True)) == {"lost-recently", "host:1:abc"}
+
+
+def test_the_first_pass_registers(cur):
+    reg = make()
+    assert reg.run_once(cur, None).registry_refreshed == 1
+    assert Worker.objects.get().started_at is not None
