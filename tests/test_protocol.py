@@ -278,6 +278,12 @@ class TestHistory:
         )
         assert "by cli" in row(waiting).errors[-1]["traceback"]
 
+    def test_a_new_job_starts_with_an_empty_history(self, cur):
+        new = protocol.NewJob("tests.testapp.tasks.add", [1, 2], {}, "default", "default", 0, 3)
+        [enqueued] = protocol.enqueue(cur, [new], notify=False)
+        job = Job.objects.get(pk=enqueued.id)
+        assert (job.history, job.cancel_requested_at, job.cancel_requested_by) == ([], None, None)
+
     def test_the_default_actor_is_code(self, cur):
         job = JobFactory(failed=True)
         protocol.requeue(cur, ids=[job.id])
