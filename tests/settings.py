@@ -90,3 +90,20 @@ if os.environ.get("CONVEYOR_DB_NAME"):
     DATABASES["default"]["NAME"] = os.environ["CONVEYOR_DB_NAME"]
 if os.environ.get("CONVEYOR_SHARD_DB_NAME"):
     DATABASES["shard"]["NAME"] = os.environ["CONVEYOR_SHARD_DB_NAME"]
+
+# Behind PgBouncer in transaction mode (tests/pgbouncer/run.py sets these):
+# the configuration docs/worker.md documents as tested. DATABASE_URL then
+# points at PgBouncer and CONVEYOR_TEST_DIRECT_DSN at the server itself.
+POOLER = os.environ.get("CONVEYOR_TEST_POOLER")  # "poll-only" or "listener-dsn"
+if POOLER:
+    from psycopg.conninfo import make_conninfo
+
+    for alias in DATABASES.values():
+        alias["DISABLE_SERVER_SIDE_CURSORS"] = True
+    if POOLER == "poll-only":
+        CONVEYOR["LISTEN"] = False
+    else:
+        # NOTIFY reaches listeners of its own database: the test database.
+        name = os.environ.get("CONVEYOR_DB_NAME") or DATABASES["default"]["TEST"]["NAME"]
+        direct = os.environ["CONVEYOR_TEST_DIRECT_DSN"]
+        CONVEYOR["LISTENER_DSN"] = make_conninfo(direct, dbname=name)

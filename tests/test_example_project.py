@@ -5,43 +5,18 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
-from urllib.parse import quote
 
-import psycopg
 import pytest
-from django.db import connection
 
-from django_conveyor.dbconn import connection_params
+from tests.helpers import REPO, scratch_database
 
-REPO = Path(__file__).resolve().parent.parent
 DEMO_DB = "conveyor_example_demo"
-
-
-def database_url(name: str) -> str:
-    """DATABASE_URL for database *name* on the suite's server, in django-environ's form."""
-    s = connection.settings_dict
-    port = s.get("PORT") or 5432
-    if not s.get("HOST") or s["HOST"].startswith("/"):
-        return f"postgresql://{quote(s['USER'])}@:{port}/{quote(s['HOST'] or '', safe='')}/{name}"
-    password = f":{quote(s['PASSWORD'])}" if s.get("PASSWORD") else ""
-    return f"postgresql://{quote(s['USER'])}{password}@{s['HOST']}:{port}/{name}"
-
-
-def admin_connection() -> psycopg.Connection:
-    params = connection_params("default")
-    params["dbname"] = "postgres"
-    return psycopg.connect(**params, autocommit=True)
 
 
 @pytest.fixture
 def demo_database(db):
-    with admin_connection() as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {DEMO_DB} WITH (FORCE)")
-        conn.execute(f"CREATE DATABASE {DEMO_DB}")
-    yield database_url(DEMO_DB)
-    with admin_connection() as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {DEMO_DB} WITH (FORCE)")
+    with scratch_database(DEMO_DB) as url:
+        yield url
 
 
 @pytest.mark.slow
