@@ -1,4 +1,4 @@
-from django.apps import AppConfig
+from django.apps import AppConfig, apps
 from django.core import checks
 
 
@@ -13,3 +13,6 @@ class ConveyorConfig(AppConfig):
 
         checks.register(conveyor_checks.check_settings)
         checks.register(conveyor_checks.check_database)
+        checks.register(conveyor_checks.check_cron)
+        if apps.is_installed("django.contrib.admin"):
+            from . import cron_admin  # noqa: F401  (registers the schedules' admin)

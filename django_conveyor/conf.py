@@ -45,6 +45,8 @@ class ConveyorSettings:
     RETENTION_SECONDS: float = DEFAULT_RETENTION_SECONDS  # Finished jobs kept by pruning.
     # Sharding: queue name -> Django alias; other queues live in DATABASE.
     QUEUE_DATABASES: dict[str, str] = field(default_factory=dict)
+    # Periodic jobs: schedule name -> {schedule, task, ...}; see docs/cron.md.
+    CRON: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     def database_for(self, queue: str) -> str:
         """The alias whose conveyor_job holds this queue's jobs."""
@@ -72,6 +74,7 @@ SETTING_TYPES: dict[str, tuple[type, ...]] = {
     "LISTENER_DSN": (str, type(None)),
     "RETENTION_SECONDS": _NUMBER,
     "QUEUE_DATABASES": (dict,),
+    "CRON": (dict,),
 }
 
 

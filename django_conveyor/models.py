@@ -149,6 +149,56 @@ class LedgerEntry(models.Model):
         return f"{self.effect_key} of job {self.job_id} (v{self.lease_version})"
 
 
+class MissedTicks(models.TextChoices):
+    """What a schedule does with ticks no scheduler enqueued in time (docs/cron.md)."""
+
+    LATEST = "latest", "latest: run the most recent missed tick once"
+    ALL = "all", "all: backfill every missed tick (capped)"
+    SKIP = "skip", "skip: drop missed ticks"
+
+
+class Cron(models.Model):
+    """One periodic schedule; its ticks become jobs through protocol.CRON_ENQUEUE."""
+
+    id = models.BigAutoField(primary_key=True)
+    name = models.CharField(max_length=100, unique=True)  # Part of every tick's job key.
+    schedule = models.CharField(max_length=255, help_text="A cron expression (5 or 6 fields).")
+    timezone = models.CharField(max_length=64, default="UTC", help_text="An IANA time zone.")
+    task_path = models.CharField(max_length=255)
+    args = models.JSONField(default=list, blank=True)
+    kwargs = models.JSONField(default=dict, blank=True)
+    queue = models.CharField(max_length=64, default="default")
+    priority = models.SmallIntegerField(default=0)
+    missed = models.CharField(max_length=8, choices=MissedTicks.choices, default="latest")
+    enabled = models.BooleanField(default=True)
+    # True while CONVEYOR["CRON"] declares it: settings own the row (read-only in the admin).
+    declared = models.BooleanField(default=False)
+    next_tick_at = models.DateTimeField(null=True, blank=True)  # The next tick not yet enqueued.
+    last_tick_at = models.DateTimeField(null=True, blank=True)  # The latest tick enqueued.
+    last_job_id = models.BigIntegerField(null=True, blank=True)  # The job of that tick.
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        db_table = "conveyor_cron"
+        ordering = ["name"]
+        verbose_name = "periodic schedule"
+        indexes = [
+            # The scheduler's only read: the due rows, and the earliest next tick.
+            models.Index("next_tick_at", name="conveyor_cron_due_idx", condition=Q(enabled=True)),
+        ]
+        constraints = [
+            models.CheckConstraint(condition=PRIORITY_RANGE, name="conveyor_cron_priority_range"),
+            models.CheckConstraint(
+                condition=Q(missed__in=[m.value for m in MissedTicks]),
+                name="conveyor_cron_missed_valid",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.schedule} {self.timezone})"
+
+
 class Dashboard(Queue):
     """The console's overview page in the admin (a view over the queues)."""
 

@@ -14,6 +14,7 @@ States and the only transitions (DESIGN §3)::
     failed / dead / cancelled --REQUEUE--> available
     running --REQUEST_CANCEL--> running, with a cancel request (no state change)
     running with a cancel request --CANCEL_HELD (holder) / REAP (expired)--> cancelled
+    (a schedule's tick) --CRON_ENQUEUE--> available, with the row of conveyor_cron advanced
 
 The guard. Every CLAIM issues a new fencing token: `lease_version + 1`, with
 `lease_owner` set to the claiming worker. Every later write a worker makes
@@ -53,7 +54,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from .exceptions import IdempotencyKeyReused
@@ -327,6 +328,44 @@ DELETE FROM conveyor_job AS j USING doomed WHERE j.id = doomed.id
 """
 
 NOTIFY = "SELECT pg_notify(%(channel)s, %(queue)s)"
+
+# One tick of a periodic schedule: the job and the schedule's advance commit
+# together or not at all. The row guard (enabled, next_tick_at = the tick the
+# caller computed from) makes a racing or stale scheduler write nothing; the
+# tick's idempotency key makes a second job for the same tick impossible even
+# if a row was reset by hand. SKIP LOCKED: a scheduler never waits for another.
+CRON_ROW_GUARD = """
+WITH due AS (
+    SELECT id FROM conveyor_cron
+    WHERE id = %(cron_id)s AND enabled AND next_tick_at = %(expected)s
+    FOR UPDATE SKIP LOCKED
+)"""
+
+CRON_ENQUEUE = f"""{CRON_ROW_GUARD}, inserted AS (
+    INSERT INTO conveyor_job (
+        task_path, args, kwargs, queue, backend, priority, state, attempt, max_attempts,
+        run_after, lease_version, idempotency_key, errors, enqueued_at
+    )
+    SELECT %(task_path)s, %(args)s::jsonb, %(kwargs)s::jsonb, %(queue)s, %(backend)s,
+           %(priority)s, 'available', 0, %(max_attempts)s, %(tick)s, 0, %(key)s, '[]'::jsonb,
+           now()
+    FROM due
+    ON CONFLICT (idempotency_key) DO NOTHING
+    RETURNING id, queue, run_after
+), advanced AS (
+    UPDATE conveyor_cron AS c
+    SET last_tick_at = %(tick)s, next_tick_at = %(next_tick)s,
+        last_job_id = COALESCE(
+            (SELECT id FROM inserted),
+            (SELECT id FROM conveyor_job WHERE idempotency_key = %(key)s))
+    FROM due
+    WHERE c.id = due.id
+    RETURNING c.last_job_id
+)
+SELECT a.last_job_id, i.id IS NOT NULL,
+       CASE WHEN %(notify)s AND i.run_after <= now() THEN pg_notify(%(channel)s, i.queue) END
+FROM advanced AS a LEFT JOIN inserted AS i ON true
+"""
 
 
 class Cursor(Protocol):
@@ -630,6 +669,60 @@ def prune(cursor: Cursor, *, older_than_seconds: float, queues: Sequence[str], l
     return cursor.rowcount
 
 
+@dataclass(frozen=True, slots=True)
+class CronTick:
+    job_id: int | None  # The tick's job: new, or the one its key already named.
+    created: bool  # False when the tick's key already named a job.
+
+
+def cron_key(name: str, tick: datetime) -> str:
+    """The idempotency key of one tick: `cron:<schedule name>:<tick in UTC, ISO 8601>`."""
+    return f"cron:{name}:{tick.astimezone(UTC).replace(tzinfo=None).isoformat()}Z"
+
+
+def cron_enqueue(
+    cursor: Cursor,
+    *,
+    cron_id: int,
+    name: str,
+    expected: datetime,
+    tick: datetime,
+    next_tick: datetime | None,
+    job: NewJob,
+    notify: bool,
+) -> CronTick | None:
+    """Enqueue the job of one tick and advance its schedule, in one statement.
+
+    Guard: the schedule is enabled, its `next_tick_at` is still `expected`
+    (the tick this pass computed from) and no other scheduler holds its row.
+    The job gets the key `cron_key(name, tick)` and `run_after = tick`; the
+    row gets `last_tick_at = tick`, `next_tick_at = next_tick` and the job's
+    id. Zero rows (None) means another scheduler advanced the row or is
+    doing so now, or it was disabled or changed: nothing was written.
+    """
+    cursor.execute(
+        CRON_ENQUEUE,
+        {
+            "cron_id": cron_id,
+            "expected": expected,
+            "tick": tick,
+            "next_tick": next_tick,
+            "task_path": job.task_path,
+            "args": _json(job.args),
+            "kwargs": _json(job.kwargs),
+            "queue": job.queue,
+            "backend": job.backend,
+            "priority": job.priority,
+            "max_attempts": job.max_attempts,
+            "key": cron_key(name, tick),
+            "notify": notify,
+            "channel": NOTIFY_CHANNEL,
+        },
+    )
+    rows = cursor.fetchall()
+    return CronTick(rows[0][0], bool(rows[0][1])) if rows else None
+
+
 def _guarded(cursor: Cursor, sql: str, owner: str, held: list[dict[str, Any]]) -> set[int]:
     if not held:
         return set()
@@ -653,6 +746,7 @@ ACTIONS = {
     "CANCEL": cancel,
     "REQUEST_CANCEL": request_cancel,
     "CANCEL_HELD": cancel_held,
+    "CRON_ENQUEUE": cron_enqueue,
 }
 
 __all__ = ["ACTIONS", "JobState", "Lease", "NewJob", "Reaped", "Renewed"]

@@ -1,9 +1,11 @@
+import subprocess
+
 import pytest
 from django.conf import settings
 
 from django_conveyor.conf import conveyor_settings
 from django_conveyor.models import Job
-from tests.helpers import clear_task_caches
+from tests.helpers import clear_task_caches, kill_group
 from tests.pgbouncer.bouncer import is_session_state_error
 
 
@@ -11,6 +13,15 @@ from tests.pgbouncer.bouncer import is_session_state_error
 def _fresh_task_caches():
     clear_task_caches()
     yield
+
+
+@pytest.fixture
+def procs():
+    """Processes a test starts; whatever is left of them is killed afterwards."""
+    started: list[subprocess.Popen] = []
+    yield started
+    for proc in started:
+        kill_group(proc)
 
 
 @pytest.fixture(autouse=True)

@@ -87,6 +87,15 @@ def start_worker(*args: str, log: Path | None = None) -> subprocess.Popen[bytes]
     )
 
 
+def start_logged_worker(
+    procs: list[subprocess.Popen[bytes]], tmp_path: Path, name: str, *args: str
+) -> subprocess.Popen[bytes]:
+    """A worker of the queue "default" logging to tmp_path/<name>.log, killed after the test."""
+    proc = start_worker("--queues", "default", *args, log=tmp_path / f"{name}.log")
+    procs.append(proc)
+    return proc
+
+
 def stop_process(
     proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM, timeout: float = 30
 ) -> int:

@@ -51,6 +51,15 @@ TASKS = {
 CONVEYOR = {
     "LEASE_SECONDS": 30.0,
     "SHUTDOWN_TIMEOUT_SECONDS": 10.0,
+    # Periodic jobs (docs/cron.md): every worker schedules them, one job per tick.
+    "CRON": {
+        "nightly-stock-report": {
+            "schedule": "0 3 * * *",
+            "task": "shop.tasks.nightly_stock_report",
+            "timezone": "Europe/Berlin",
+            "missed": "latest",  # after downtime: one catch-up run, not one per night
+        },
+    },
 }
 
 MIDDLEWARE = [

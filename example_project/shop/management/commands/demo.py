@@ -29,13 +29,16 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 from django.utils import timezone
 
+from django_conveyor import schedules
+from django_conveyor.conf import conveyor_settings
 from django_conveyor.management.commands.conveyor_worker import positive_seconds
 from django_conveyor.models import Job, LedgerEntry
 from django_conveyor.states import FINAL_STATES, JobState
-from shop.models import GatewayCharge, Order, Payment
+from shop.models import GatewayCharge, Order, Payment, StockReport
 from shop.services import place_order, request_inventory_sync
-from shop.tasks import build_report, charge_payment, flaky_sync, send_receipt
+from shop.tasks import build_report, charge_payment, flaky_sync, nightly_stock_report, send_receipt
 
+REPORT_SCHEDULE = "nightly-stock-report"  # settings.CONVEYOR["CRON"]
 DEMO_USER = "demo"
 DEMO_PASSWORD = "conveyor-demo"  # A local demo login, printed on purpose.
 WORKER_CONCURRENCY = 4
@@ -190,7 +193,9 @@ class Command(BaseCommand):
             f"Placing {plural(count, 'order')} (each enqueues a receipt and a charge) "
             "and one flaky job"
         )
-        jobs: dict[str, list[int]] = {"orders": [], "receipts": [], "charges": [], "flaky": []}
+        jobs: dict[str, list[int]] = {
+            "orders": [], "receipts": [], "charges": [], "flaky": [], "report": []
+        }  # fmt: skip
         for email, item, quantity, price in DEMO_ORDERS[:count]:
             order = place_order(email=email, item=item, quantity=quantity, unit_price_cents=price)
             jobs["orders"].append(order.pk)
@@ -202,12 +207,20 @@ class Command(BaseCommand):
             )
         jobs["flaky"].append(int(request_inventory_sync("COFFEE-1KG")))
         self.stdout.write(f"    inventory sync: job {jobs['flaky'][0]} (fails on every attempt)")
+        # The periodic job runs at 03:00 Berlin time; "run now" shows it at once.
+        # The worker syncs the schedule too; syncing here first avoids the race.
+        schedules.sync(conveyor_settings().DATABASE)
+        jobs["report"].append(schedules.run_now(REPORT_SCHEDULE).id)
+        self.stdout.write(
+            f"    {REPORT_SCHEDULE} (periodic, 0 3 * * * Europe/Berlin): run now as job "
+            f"{jobs['report'][0]}"
+        )
         return jobs
 
     def wait_for(
         self, jobs: dict[str, list[int]], worker: subprocess.Popen[bytes], timeout: float
     ) -> bool:
-        ids = [i for key in ("receipts", "charges", "flaky") for i in jobs[key]]
+        ids = [i for key in ("receipts", "charges", "flaky", "report") for i in jobs[key]]
         self.step(f"Waiting for {len(ids)} jobs to settle (up to {timeout:g}s)")
         started = time.monotonic()
         while True:
@@ -232,6 +245,7 @@ class Command(BaseCommand):
             (send_receipt, jobs["receipts"], JobState.COMPLETED),
             (charge_payment, jobs["charges"], JobState.COMPLETED),
             (flaky_sync, jobs["flaky"], JobState.DEAD),
+            (nightly_stock_report, jobs["report"], JobState.COMPLETED),
         ]
         ok = True
         for task, ids, wanted in expected:
@@ -242,7 +256,7 @@ class Command(BaseCommand):
             ok &= good
             described = ", ".join(f"{n} {state}" for state, n in sorted(states.items()))
             tries = ", ".join(f"{n} x {a}" for a, n in sorted(attempts.items()))
-            line = f"    {task.name:<15} queue {task.queue_name:<9} {described} (attempts: {tries})"
+            line = f"    {task.name:<20} queue {task.queue_name:<9} {described} (attempts: {tries})"
             self.stdout.write(self.style.SUCCESS(line) if good else self.style.ERROR(line))
         for job in Job.objects.filter(id__in=jobs["flaky"], state=JobState.DEAD):
             last = job.errors[-1] if job.errors else {}
@@ -251,6 +265,11 @@ class Command(BaseCommand):
                 f"{last.get('exception_class_path', 'none')}; see the dead letters in the admin"
             )
 
+        for report in StockReport.objects.filter(job_id__in=jobs["report"]):
+            self.stdout.write(
+                f"    stock report for {report.day}: {report.units} units sold "
+                f"(the day before the run; see the periodic schedules in the admin)"
+            )
         payments = Payment.objects.filter(order_id__in=jobs["orders"])
         ledger = LedgerEntry.objects.filter(job_id__in=jobs["charges"])
         keys = payments.values_list("idempotency_key", flat=True)

@@ -11,7 +11,7 @@ class Migration(migrations.Migration):
     atomic = False
 
     dependencies = [
-        ("conveyor", "0001_initial"),
+        ("conveyor", "0002_cron"),
     ]
 
     operations = [
