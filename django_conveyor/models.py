@@ -75,9 +75,10 @@ class Job(models.Model):
                 name="conveyor_job_finished_idx",
                 condition=Q(state__in=["completed", "failed", "dead", "cancelled"]),
             ),
-            models.Index("state", "queue", name="conveyor_job_state_queue_idx"),
             # The admin's filters, each in the list's order (newest first), so
-            # a page is an index range scan whatever the table's size.
+            # a page is an index range scan whatever the table's size. The
+            # state index also carries the queue, for counts per queue.
+            models.Index(fields=["state", "id"], include=["queue"], name="conveyor_job_state_idx"),
             models.Index("queue", "id", name="conveyor_job_queue_id_idx"),
             models.Index("task_path", "id", name="conveyor_job_task_id_idx"),
             models.Index(

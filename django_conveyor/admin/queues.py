@@ -25,7 +25,7 @@ COUNTED = {
 
 
 def _count(condition: Q) -> Coalesce:
-    # One index scan of (state, queue) per queue row and state: no table scan.
+    # One index-only range of (state, id) per queue row and state: no table scan.
     jobs = (
         Job.objects.filter(condition, queue=OuterRef("name"))
         .order_by()

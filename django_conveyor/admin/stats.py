@@ -1,8 +1,8 @@
 """The numbers the dashboard and the queues page show, in a few indexed queries.
 
-Nothing here counts the whole table: live states come from the
-(state, queue) index, throughput from the partial index on finished jobs,
-restricted to the last hour.
+Nothing here counts the whole table: live states come from the index on
+(state, id), which carries the queue; throughput from the partial index on
+finished jobs, restricted to the last hour.
 """
 
 from __future__ import annotations

@@ -73,6 +73,13 @@ class Migration(migrations.Migration):
                 blank=True, db_default=models.Value([], models.JSONField()), default=list
             ),
         ),
+        AddIndexConcurrently(
+            model_name="job",
+            index=models.Index(
+                fields=["state", "id"], include=("queue",), name="conveyor_job_state_idx"
+            ),
+        ),
+        RemoveIndexConcurrently(model_name="job", name="conveyor_job_state_queue_idx"),
         RemoveIndexConcurrently(model_name="job", name="conveyor_job_finished_idx"),
         AddIndexConcurrently(
             model_name="job",

@@ -80,11 +80,13 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--finished", type=int, default=1_000_000)
     parser.add_argument("--ready", type=int, default=10_000)
     parser.add_argument("--repeat", type=int, default=15, help="Timed requests per page.")
-    parser.add_argument("--rebuild", action="store_true", help="Build the data set again.")
+    parser.add_argument(
+        "--rebuild", action="store_true", help="Drop the database and build the data set again."
+    )
     return parser.parse_args()
 
 
-def ensure_database() -> None:
+def ensure_database(rebuild: bool) -> None:
     import psycopg
     from django.conf import settings
 
@@ -97,6 +99,8 @@ def ensure_database() -> None:
         password=db["PASSWORD"] or None,
         autocommit=True,
     ) as conn:
+        if rebuild:
+            conn.execute(f'DROP DATABASE IF EXISTS "{db["NAME"]}" WITH (FORCE)')
         exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [db["NAME"]])
         if not exists.fetchone():
             conn.execute(f'CREATE DATABASE "{db["NAME"]}"')
@@ -222,7 +226,7 @@ def main() -> int:
 
     from django_conveyor import embedded  # noqa: F401  (starts the server through settings)
 
-    ensure_database_first()
+    ensure_database_first(args.rebuild)
     django.setup()
     from django.db import connection
 
@@ -239,11 +243,11 @@ def main() -> int:
     return 0 if ok else 1
 
 
-def ensure_database_first() -> None:
+def ensure_database_first(rebuild: bool) -> None:
     from django.conf import settings
 
     settings.DATABASES  # noqa: B018  (evaluates the settings, starting the embedded server)
-    ensure_database()
+    ensure_database(rebuild)
 
 
 if __name__ == "__main__":
