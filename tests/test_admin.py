@@ -305,8 +305,8 @@ class TestQueuesPage:
         JobFactory(queue="emails", running=True)
         response = staff.get(QUEUES)
         [emails] = [q for q in response.context["cl"].result_list if q.name == "emails"]
-        assert (emails.ready, emails.scheduled, emails.running_jobs) == (2, 1, 1)
-        assert (emails.failed, emails.dead) == (1, 1)
+        assert (emails.counts.ready, emails.counts.scheduled, emails.counts.running) == (2, 1, 1)
+        assert (emails.counts.failed, emails.counts.dead) == (1, 1)
         body = response.content.decode()
         assert "conveyor-running" in body and "icon-no" not in body
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from django.db import connections
 
@@ -111,6 +112,17 @@ def lost_after_seconds() -> float:
     return conveyor_settings().LEASE_SECONDS
 
 
+def count_queues(cursor: Any, by_name: dict[str, QueueStats]) -> dict[str, QueueStats]:
+    """Fill in each queue's live counts and lag (one grouped query); adds unknown queues."""
+    cursor.execute(QUEUE_COUNTS)
+    for name, *counts, lag in cursor.fetchall():
+        stats = by_name.setdefault(name, QueueStats(name=name))
+        (stats.ready, stats.scheduled, stats.blocked, stats.running, stats.failed,
+         stats.dead) = counts  # fmt: skip
+        stats.lag_seconds = float(lag) if lag is not None else None
+    return by_name
+
+
 def overview(known_queues: set[str]) -> Overview:
     """Per-queue numbers from every conveyor database, plus the worker counts."""
     settings = conveyor_settings()
@@ -121,12 +133,7 @@ def overview(known_queues: set[str]) -> Overview:
         for name, paused in Queue.objects.using(database).values_list("name", "paused"):
             by_name.setdefault(name, QueueStats(name=name)).paused = paused
         with connections[database].cursor() as cursor:
-            cursor.execute(QUEUE_COUNTS)
-            for name, *counts, lag in cursor.fetchall():
-                stats = by_name.setdefault(name, QueueStats(name=name))
-                (stats.ready, stats.scheduled, stats.blocked, stats.running, stats.failed,
-                 stats.dead) = counts  # fmt: skip
-                stats.lag_seconds = float(lag) if lag is not None else None
+            count_queues(cursor, by_name)
             cursor.execute(COMPLETED_PER_MINUTE, {"minutes": CHART_MINUTES})
             for name, minutes_ago, count in cursor.fetchall():
                 stats = by_name.setdefault(name, QueueStats(name=name))
