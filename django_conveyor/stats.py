@@ -11,7 +11,7 @@ How each figure is found (docs/metrics.md says the same for operators):
   to `EXACT_BELOW` per queue and state, with a count that stops reading
   there; above it the figure is PostgreSQL's own estimate (`EXPLAIN`, from
   the statistics that autovacuum keeps, helped by the multivariate
-  statistics object on (state, queue) made by migration 0003). A scrape
+  statistics object on (state, queue) made by migration 0004). A scrape
   therefore reads at most `EXACT_BELOW` index entries per finished state
   and queue, however many millions are finished.
 - Queue lag: the age of the oldest available job whose `run_after` has

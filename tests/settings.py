@@ -38,6 +38,7 @@ INSTALLED_APPS = [
     "django.contrib.contenttypes",
     "django.contrib.sessions",
     "django.contrib.messages",
+    "django.contrib.staticfiles",  # The browser tests' live server serves the admin's CSS.
     "django_conveyor",
     "tests.testapp",
 ]

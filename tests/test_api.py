@@ -418,6 +418,7 @@ class TestOperating:
             api.post(f"{JOBS}/{job.id}/requeue")
         assert f"api:svc requeued job {job.id}" in caplog.text
         assert "cvk_" not in caplog.text
+        assert Job.objects.get(pk=job.id).history[-1]["actor"] == "api:svc"
 
     def test_queues_pause_and_resume(self, api):
         JobFactory.create_batch(2, queue="emails")

@@ -281,7 +281,8 @@ def _operate(
 ) -> dict[str, Any]:
     """Run an operation on one job through `operations`; 409 when its state refuses it."""
     database, job = _job(job_id)
-    changed = action([job.id], database=database)
+    # The job's history records who asked: "api:<key name>" or "admin:<username>".
+    changed = action([job.id], database=database, actor=request.auth.actor)
     job.refresh_from_db(using=database)
     if not changed:
         raise _conflict(job_id, job, verb, allowed)
