@@ -86,6 +86,9 @@ class Job(models.Model):
                 name="conveyor_job_dead_letter_idx",
                 condition=Q(state__in=["failed", "dead"]),
             ),
+            # Counts per (state, queue) for /queues and the metrics, and the
+            # API's keyset pages: one range per (state, queue), in id order.
+            models.Index(fields=["state", "queue", "id"], name="conveyor_job_list_idx"),
         ]
         constraints = [
             models.CheckConstraint(condition=PRIORITY_RANGE, name="conveyor_job_priority_range"),
@@ -232,3 +235,45 @@ class Worker(models.Model):
 
     def __str__(self) -> str:
         return self.id
+
+
+API_SCOPES = ("enqueue", "read", "operate", "metrics")
+
+
+class ApiKey(models.Model):
+    """A key for the HTTP API and the metrics view: its secret is stored hashed, never in clear.
+
+    A key reads `cvk_<prefix>_<secret>`. The prefix is public and finds the
+    row; only the SHA-256 of the whole key is stored (see `apikeys.py`).
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    name = models.CharField(max_length=100)
+    prefix = models.CharField(max_length=16, unique=True)
+    secret_hash = models.CharField(max_length=64)  # hex SHA-256 of the whole key.
+    scopes = models.JSONField(default=list)
+    created_at = models.DateTimeField()
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "conveyor_api_key"
+        ordering = ["name", "id"]
+        verbose_name = "API key"
+        verbose_name_plural = "API keys"
+        constraints = [
+            # The actor recorded for a key's writes is "api:<name>": one live key per name.
+            models.UniqueConstraint(
+                fields=["name"],
+                condition=Q(revoked_at__isnull=True),
+                name="conveyor_api_key_live_name",
+            ),
+            models.CheckConstraint(
+                condition=Q(scopes__contained_by=list(API_SCOPES)),
+                name="conveyor_api_key_scopes_known",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        state = "revoked" if self.revoked_at else ", ".join(self.scopes) or "no scopes"
+        return f"{self.name} ({self.prefix}, {state})"

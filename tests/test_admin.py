@@ -442,3 +442,20 @@ class TestAtScale:
         assert staff.get(JOBS, {"task": task}).context["cl"].result_count == 1
         choices = staff.get(JOBS).content.decode()
         assert "send_email (tests.testapp.tasks)" in choices  # from the task registry
+
+
+def test_api_keys_are_listed_without_their_hash_and_can_be_revoked(staff):
+    from django_conveyor import apikeys
+    from django_conveyor.models import ApiKey
+
+    key, raw = apikeys.create("billing", ["enqueue"])
+    page = staff.get(reverse("admin:conveyor_apikey_changelist")).content.decode()
+    assert "billing" in page and key.prefix in page and key.secret_hash not in page
+    detail = staff.get(reverse("admin:conveyor_apikey_change", args=[key.pk])).content.decode()
+    assert key.secret_hash not in detail and raw not in detail
+    staff.post(
+        reverse("admin:conveyor_apikey_changelist"),
+        {"action": "revoke_api_keys", "_selected_action": [key.pk]},
+    )
+    assert ApiKey.objects.get().revoked_at is not None
+    assert apikeys.authenticate(raw) is None
