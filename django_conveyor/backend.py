@@ -23,6 +23,7 @@ from .compat import (
 from .conf import conveyor_settings
 from .results import ConveyorTaskResult, parse_result_id, result_from_job, result_id, task_result
 from .serialization import json_round_trip
+from .signals import task_enqueue_replayed
 from .states import JobState
 from .tasks import ConveyorTask
 
@@ -97,7 +98,9 @@ class ConveyorBackend(BaseTaskBackend):
         results = []
         for job, row in zip(jobs, enqueued, strict=True):
             if not row.created:  # The idempotency key named an existing job.
-                results.append(self._load(database, row.id, created=False))
+                replayed = self._load(database, row.id, created=False)
+                task_enqueue_replayed.send(type(self), task_result=replayed)
+                results.append(replayed)
                 continue
             result = task_result(
                 task,

@@ -34,6 +34,7 @@ DEFAULT_MAX_ATTEMPTS = 5
 DEFAULT_BACKOFF_BASE_SECONDS = 1.0
 DEFAULT_BACKOFF_CAP_SECONDS = 600.0
 DEFAULT_RETENTION_SECONDS = 7 * 24 * 3600.0
+DEFAULT_API_MAX_BODY_BYTES = 64 * 1024
 
 SECONDS = (int, float)  # Durations: float seconds, ints accepted (never bool).
 NONE = type(None)
@@ -51,7 +52,9 @@ class Problem:
 class Setting(Generic[T]):
     """One key of CONVEYOR: accepted types, default, lower bound, meaning."""
 
-    __slots__ = ("convert", "default", "doc", "exclusive", "minimum", "name", "types")
+    __slots__ = (
+        "bound_id", "convert", "default", "doc", "exclusive", "minimum", "name", "types"
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -62,6 +65,7 @@ class Setting(Generic[T]):
         minimum: float | None = None,  # Values below (or at, if exclusive) are refused.
         exclusive: bool = False,
         convert: Callable[[Any], T] | None = None,  # Applied to a valid user value.
+        bound_id: str = "conveyor.E004",  # The check id of a value past the bound.
     ) -> None:
         self.types = types
         self.default = default
@@ -69,6 +73,7 @@ class Setting(Generic[T]):
         self.minimum = minimum
         self.exclusive = exclusive
         self.convert = convert
+        self.bound_id = bound_id
         self.name = ""
 
     def __set_name__(self, owner: type, name: str) -> None:
@@ -110,7 +115,7 @@ class Setting(Generic[T]):
             bound = f"{self.minimum:g} or more"
         else:
             return None
-        return Problem("conveyor.E004", f"{self.key} must be {bound}, not {value!r}.", self.hint)
+        return Problem(self.bound_id, f"{self.key} must be {bound}, not {value!r}.", self.hint)
 
     def raw(self, values: Mapping[str, Any]) -> Any:
         """The value as the user wrote it, or the default."""
@@ -182,6 +187,18 @@ class ConveyorSettings:
     CRON = Setting["dict[str, dict[str, Any]]"](
         (dict,), {}, "periodic jobs: schedule name -> {schedule, task, ...}; see docs/cron.md.",
         convert=dict,
+    )  # fmt: skip
+    API_TASKS = Setting["tuple[str, ...]"](
+        (list, tuple), (), "task paths or patterns the HTTP API may enqueue; see docs/api.md.",
+        convert=tuple,
+    )  # fmt: skip
+    API_MAX_BODY_BYTES = Setting[int](
+        (int,), DEFAULT_API_MAX_BODY_BYTES, "larger HTTP API request bodies are refused.",
+        minimum=1, bound_id="conveyor.E032",
+    )  # fmt: skip
+    METRICS_ALLOWED_ADDRESSES = Setting["tuple[str, ...]"](
+        (list, tuple), (), "addresses or networks that may scrape the metrics without a key.",
+        convert=tuple,
     )  # fmt: skip
 
     def __init__(self, values: Mapping[str, Any]) -> None:
@@ -296,7 +313,9 @@ def raw_settings() -> dict[str, Any]:
 
 # Values no code could run with; the rest (unknown keys, missing aliases, the
 # heartbeat/lease ratio) are reported by the system checks alone.
-REFUSED_AT_RUNTIME = frozenset({"conveyor.E001", "conveyor.E003", "conveyor.E004", "conveyor.E007"})
+REFUSED_AT_RUNTIME = frozenset(
+    {"conveyor.E001", "conveyor.E003", "conveyor.E004", "conveyor.E007", "conveyor.E032"}
+)
 
 
 @functools.cache

@@ -30,6 +30,7 @@ TIME_ZONE = "UTC"
 ALLOWED_HOSTS = ["*"]
 ROOT_URLCONF = "tests.urls"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+STATIC_URL = "static/"  # The live server needs one.
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -37,6 +38,7 @@ INSTALLED_APPS = [
     "django.contrib.contenttypes",
     "django.contrib.sessions",
     "django.contrib.messages",
+    "django.contrib.staticfiles",  # The browser tests' live server serves the admin's CSS.
     "django_conveyor",
     "tests.testapp",
 ]
@@ -81,6 +83,13 @@ CONVEYOR = {
     "BACKOFF_BASE_SECONDS": 0.05,
     "BACKOFF_CAP_SECONDS": 0.2,
     "QUEUE_DATABASES": {"other": "shard"},
+    # The HTTP API may enqueue these; every other task (always_fails, ...) is refused.
+    "API_TASKS": [
+        "tests.testapp.tasks.add",
+        "tests.testapp.tasks.send_email",
+        "tests.testapp.tasks.apply_once",
+        "tests.testapp.tasks.fails_*",
+    ],
 }
 
 # Worker processes started by the tests connect to the test database by name.

@@ -82,12 +82,12 @@ def messages_by_id(conveyor) -> list[tuple[str, str]]:
 
 @pytest.mark.parametrize("setting", DECLARED, ids=lambda s: s.name)
 def test_every_key_refuses_a_bad_type_with_e003(setting):
-    assert messages_by_id({setting.name: ["x"]}) == [
+    assert messages_by_id({setting.name: {"x"}}) == [  # No key takes a set.
         (
             "conveyor.E003",
             f"CONVEYOR[{setting.name!r}] must be "
             f"{' or '.join('None' if t is type(None) else t.__name__ for t in setting.types)}, "
-            "not list ['x'].",
+            "not set {'x'}.",
         )
     ]
 
@@ -115,7 +115,7 @@ def test_every_bound_refuses_the_value_past_it_with_e004(setting):
         f"more than {setting.minimum:g}" if setting.exclusive else f"{setting.minimum:g} or more"
     )
     assert messages_by_id({setting.name: value}) == [
-        ("conveyor.E004", f"CONVEYOR[{setting.name!r}] must be {bound}, not {value}.")
+        (setting.bound_id, f"CONVEYOR[{setting.name!r}] must be {bound}, not {value}.")
     ]
     refused = pytest.raises(ConveyorConfigurationError, match=re.escape(f"[{setting.name!r}]"))
     with override_settings(CONVEYOR={setting.name: value}), refused:
@@ -135,7 +135,10 @@ def test_bounds_are_declared_not_read_from_key_names():
         "BACKOFF_CAP_SECONDS": (0, True),
         "PREFETCH": (0, False),
         "RETENTION_SECONDS": (0, True),
+        "API_MAX_BODY_BYTES": (1, False),
     }
+    ids = {s.name: s.bound_id for s in BOUNDED}
+    assert ids == dict.fromkeys(bounds, "conveyor.E004") | {"API_MAX_BODY_BYTES": "conveyor.E032"}
 
 
 @override_settings(CONVEYOR={s.name: 3 for s in DECLARED if s.name.endswith("_SECONDS")})
@@ -151,6 +154,8 @@ def test_defaults_are_the_documented_ones():
     with override_settings(CONVEYOR={}):
         values = conf.conveyor_settings()
         assert {s.name: getattr(values, s.name) for s in DECLARED} == {
+            "API_MAX_BODY_BYTES": 65536,
+            "API_TASKS": (),
             "BACKOFF_BASE_SECONDS": 1.0,
             "BACKOFF_CAP_SECONDS": 600.0,
             "CRON": {},
@@ -160,6 +165,7 @@ def test_defaults_are_the_documented_ones():
             "LISTEN": True,
             "LISTENER_DSN": None,
             "MAX_ATTEMPTS": 5,
+            "METRICS_ALLOWED_ADDRESSES": (),
             "NOTIFY": True,
             "POLL_SECONDS": 1.0,
             "PREFETCH": None,

@@ -37,3 +37,16 @@ def test_demo_reaches_the_expected_states(demo_database):
         "3 orders: 3 receipts sent, 3 payments, 3 ledger entries, 3 gateway charges" in proc.stdout
     )
     assert "worker exited with 0" in proc.stdout
+    # The demo API key is made once and printed with a curl line that uses it.
+    assert "Created the API key 'demo'" in proc.stdout
+    key = next(line.split()[-1] for line in proc.stdout.splitlines() if "API key: " in line)
+    assert (
+        f"curl -sS -X POST http://127.0.0.1:8000/conveyor/api/jobs -H 'Authorization: Bearer {key}'"
+        in proc.stdout
+    )
+    again = subprocess.run(
+        [sys.executable, "example_project/manage.py", "demo", "--no-serve", "--orders", "1"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "Created the API key" not in again.stdout and f"API key:      {key}" in again.stdout
