@@ -89,6 +89,14 @@ def snooze_once(context, seconds):
     return context.attempt
 
 
+@task()
+def started_then_sleeps(label, seconds):
+    """Records that a slot started it (a plain write), then takes a while."""
+    Effect.objects.create(job_id=0, token=0, worker="", label=label)
+    time.sleep(seconds)
+    return label
+
+
 @task(takes_context=True)
 def sleeper(context, seconds):
     """Sleeps cooperatively: stops early once it learns the lease is gone."""
