@@ -7,7 +7,7 @@ exist for reading (admin, get_result) and for migrations.
 from __future__ import annotations
 
 from django.db import models
-from django.db.models import Q
+from django.db.models import JSONField, Q, Value
 
 from .states import JobState
 
@@ -36,10 +36,21 @@ class Job(models.Model):
     enqueued_at = models.DateTimeField()
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    # Operator history: {"time", "actor", "action", "detail"}, appended by
+    # REQUEUE, CANCEL, REQUEST_CANCEL and CANCEL_HELD. The database default
+    # covers every INSERT statement, whoever writes it.
+    history = models.JSONField(default=list, db_default=Value([], JSONField()), blank=True)
+    # A cancel request on a running job (REQUEST_CANCEL); REQUEUE clears it.
+    cancel_requested_at = models.DateTimeField(null=True, blank=True)
+    cancel_requested_by = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
 
     class Meta:
         db_table = "conveyor_job"
         ordering = ["-id"]
+        permissions = [
+            ("operate", "Can requeue and cancel jobs and pause queues"),
+            ("view_payloads", "Can see job arguments, return values and tracebacks"),
+        ]
         indexes = [
             # The claim path: only ready rows, in claim order, so its cost
             # does not grow with finished history. Queue is a filter, not a
@@ -56,12 +67,25 @@ class Job(models.Model):
                 name="conveyor_job_reap_idx",
                 condition=Q(state="running"),
             ),
+            # Pruning and the dashboard's throughput chart read it; queue and
+            # state in the index spare them a heap visit per finished row.
             models.Index(
-                "finished_at",
+                fields=["finished_at", "queue"],
+                include=["state"],
                 name="conveyor_job_finished_idx",
                 condition=Q(state__in=["completed", "failed", "dead", "cancelled"]),
             ),
-            models.Index("state", "queue", name="conveyor_job_state_queue_idx"),
+            # The admin's filters, each in the list's order (newest first), so
+            # a page is an index range scan whatever the table's size. The
+            # state index also carries the queue, for counts per queue.
+            models.Index(fields=["state", "id"], include=["queue"], name="conveyor_job_state_idx"),
+            models.Index("queue", "id", name="conveyor_job_queue_id_idx"),
+            models.Index("task_path", "id", name="conveyor_job_task_id_idx"),
+            models.Index(
+                "id",
+                name="conveyor_job_dead_letter_idx",
+                condition=Q(state__in=["failed", "dead"]),
+            ),
         ]
         constraints = [
             models.CheckConstraint(condition=PRIORITY_RANGE, name="conveyor_job_priority_range"),
@@ -174,3 +198,37 @@ class Cron(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.schedule} {self.timezone})"
+
+
+class Dashboard(Queue):
+    """The console's overview page in the admin (a view over the queues)."""
+
+    class Meta:
+        proxy = True
+        verbose_name = "dashboard"
+        verbose_name_plural = "dashboard"
+
+
+class Worker(models.Model):
+    """A live (or recently stopped or lost) worker process, refreshed with its heartbeat.
+
+    Written only by the worker registry service (`registry.py`).
+    """
+
+    id = models.CharField(max_length=64, primary_key=True)  # The lease_owner it writes.
+    host = models.CharField(max_length=255)
+    pid = models.IntegerField()
+    queues = models.JSONField(default=list)
+    concurrency = models.IntegerField()
+    started_at = models.DateTimeField()
+    last_seen_at = models.DateTimeField()
+    leases_held = models.IntegerField(default=0)
+    version = models.CharField(max_length=32)  # django-conveyor's version.
+    stopped_at = models.DateTimeField(null=True, blank=True)  # A clean exit.
+
+    class Meta:
+        db_table = "conveyor_worker"
+        ordering = ["-started_at"]
+
+    def __str__(self) -> str:
+        return self.id

@@ -12,6 +12,8 @@ States and the only transitions (DESIGN §3)::
     running --FAIL--> failed      running --RETRY / REAP (attempts used)--> dead
     blocked / available --CANCEL--> cancelled
     failed / dead / cancelled --REQUEUE--> available
+    running --REQUEST_CANCEL--> running, with a cancel request (no state change)
+    running with a cancel request --CANCEL_HELD (holder) / REAP (expired)--> cancelled
     (a schedule's tick) --CRON_ENQUEUE--> available, with the row of conveyor_cron advanced
 
 The guard. Every CLAIM issues a new fencing token: `lease_version + 1`, with
@@ -24,6 +26,16 @@ as a return value (log it, count it), never as an exception, except inside
 `context.atomic()`, where the handler must stop. Every write that ends a
 lease (RETRY, FAIL, SNOOZE, RELEASE, REAP) clears `lease_owner`; only CLAIM
 bumps `lease_version`; a COMPLETE row keeps the owner that completed it.
+
+Cancelling a running job is cooperative. REQUEST_CANCEL only records the
+request (`cancel_requested_at`, `cancel_requested_by`); HEARTBEAT reports it
+to the holder, which stops the handler and writes CANCEL_HELD under its
+token, so the handler's own outcome then matches zero rows. From the request
+on, LOCK_FOR_EFFECT refuses the job (no effect commits after a cancel), and
+a lease that expires instead is reaped to `cancelled`. REQUEUE clears it.
+
+Operators leave a trace: REQUEUE, CANCEL, REQUEST_CANCEL and CANCEL_HELD
+append `{"time", "actor", "action", "detail"}` to the job's `history`.
 
 The clock. Leases are compared with the database's `now()`, never a
 worker's clock, so clock skew between hosts cannot break them. REAP takes
@@ -49,6 +61,16 @@ from .exceptions import IdempotencyKeyReused
 from .states import JobState
 
 NOTIFY_CHANNEL = "conveyor"
+DEFAULT_ACTOR = "code"  # Who changed a job, when the caller does not say.
+
+
+def _history(action: str, detail: str) -> str:
+    """SQL for a one-entry history array; `detail` is an SQL text expression."""
+    return (
+        "jsonb_build_array(jsonb_build_object('time', now(), 'actor', %(actor)s::text, "
+        f"'action', '{action}', 'detail', {detail}))"
+    )
+
 
 _ENQUEUE_COLUMNS = """
     task_path text, args jsonb, kwargs jsonb, queue text, backend text, priority int,
@@ -111,6 +133,7 @@ _HELD = "FROM jsonb_to_recordset(%(held)s::jsonb) AS h(id bigint, version bigint
 
 # SKIP LOCKED: a row locked by the worker's own open context.atomic() must not
 # stall the heartbeat of every other lease; the lock itself keeps the reaper off.
+# A renewed job with a cancel request is reported, so its holder can stop it.
 HEARTBEAT = """
 WITH renew AS (
     SELECT j.id
@@ -124,7 +147,7 @@ UPDATE conveyor_job AS j
 SET lease_expires_at = now() + make_interval(secs => %(lease)s)
 FROM renew
 WHERE j.id = renew.id
-RETURNING j.id
+RETURNING j.id, j.cancel_requested_at IS NOT NULL
 """
 
 COMPLETE = f"""
@@ -147,7 +170,8 @@ RETURNING j.id
 """
 
 _ERROR_ENTRY = """jsonb_build_array(h.error || jsonb_build_object(
-        'attempt', j.attempt, 'worker', j.lease_owner, 'token', j.lease_version, 'time', now()))"""
+        'attempt', j.attempt, 'worker', j.lease_owner, 'token', j.lease_version,
+        'started_at', j.started_at, 'time', now()))"""
 
 RETRY = f"""
 UPDATE conveyor_job AS j
@@ -191,10 +215,12 @@ WHERE j.id = h.id AND j.state = 'running'
 RETURNING j.id
 """
 
+# A cancel request refuses the lock: no effect commits after an operator's cancel.
 LOCK_FOR_EFFECT = """
 SELECT id FROM conveyor_job
 WHERE id = %(id)s AND state = 'running'
   AND lease_owner = %(owner)s AND lease_version = %(version)s
+  AND cancel_requested_at IS NULL
 FOR UPDATE
 """
 
@@ -207,39 +233,85 @@ WITH expired AS (
     FOR UPDATE SKIP LOCKED
 )
 UPDATE conveyor_job AS j
-SET state = CASE WHEN j.attempt >= j.max_attempts THEN 'dead' ELSE 'available' END,
-    finished_at = CASE WHEN j.attempt >= j.max_attempts THEN now() END,
+SET state = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
+                 WHEN j.attempt >= j.max_attempts THEN 'dead' ELSE 'available' END,
+    finished_at = CASE WHEN j.cancel_requested_at IS NOT NULL
+                         OR j.attempt >= j.max_attempts THEN now() END,
     run_after = now(),
     lease_owner = NULL,
     lease_expires_at = NULL,
     errors = j.errors || jsonb_build_array(jsonb_build_object(
         'attempt', j.attempt, 'worker', j.lease_owner, 'token', j.lease_version,
-        'exception_class_path', 'django_conveyor.exceptions.LeaseLost',
-        'traceback', 'The lease expired at ' || j.lease_expires_at
-            || ' without a heartbeat; the job was taken back by the reaper.',
+        'started_at', j.started_at,
+        'exception_class_path', CASE WHEN j.cancel_requested_at IS NOT NULL
+            THEN 'django_conveyor.exceptions.Cancelled'
+            ELSE 'django_conveyor.exceptions.LeaseLost' END,
+        'traceback', 'The lease expired at ' || j.lease_expires_at || CASE
+            WHEN j.cancel_requested_at IS NOT NULL
+            THEN ' after a cancel request by ' || j.cancel_requested_by
+                || '; the reaper cancelled the job.'
+            ELSE ' without a heartbeat; the job was taken back by the reaper.' END,
         'time', now()))
 FROM expired
 WHERE j.id = expired.id
 RETURNING j.id, j.state, j.task_path, j.queue, j.attempt, expired.lease_owner, j.lease_version
 """
 
-REQUEUE = """
+REQUEUE = f"""
 UPDATE conveyor_job
 SET state = 'available', attempt = 0, run_after = now(), finished_at = NULL,
-    lease_expires_at = NULL, return_value = NULL
+    lease_expires_at = NULL, return_value = NULL,
+    cancel_requested_at = NULL, cancel_requested_by = NULL,
+    history = history || {_history("requeue", "'was ' || state")}
 WHERE id = ANY(%(ids)s) AND state IN ('failed', 'dead', 'cancelled')
 RETURNING id, queue
 """
 
-CANCEL = """
+CANCEL = f"""
 UPDATE conveyor_job
 SET state = 'cancelled', finished_at = now(),
     errors = errors || jsonb_build_array(jsonb_build_object(
         'attempt', attempt, 'worker', NULL, 'token', lease_version,
         'exception_class_path', 'django_conveyor.exceptions.Cancelled',
-        'traceback', 'Cancelled before it ran.', 'time', now()))
+        'traceback', 'Cancelled before it ran, by ' || %(actor)s::text || '.', 'time', now())),
+    history = history || {_history("cancel", "'was ' || state")}
 WHERE id = ANY(%(ids)s) AND state IN ('blocked', 'available')
 RETURNING id
+"""
+
+# Any token: the operator does not hold the lease. The first request stands.
+REQUEST_CANCEL = f"""
+UPDATE conveyor_job
+SET cancel_requested_at = now(), cancel_requested_by = %(actor)s::text,
+    history = history || {
+    _history(
+        "request_cancel",
+        "'running on ' || COALESCE(lease_owner, '?') || ' (token ' || lease_version || ')'",
+    )
+}
+WHERE id = ANY(%(ids)s) AND state = 'running' AND cancel_requested_at IS NULL
+RETURNING id
+"""
+
+CANCEL_HELD = f"""
+UPDATE conveyor_job AS j
+SET state = 'cancelled', finished_at = now(),
+    errors = j.errors || jsonb_build_array(jsonb_build_object(
+        'attempt', j.attempt, 'worker', j.lease_owner, 'token', j.lease_version,
+        'started_at', j.started_at,
+        'exception_class_path', 'django_conveyor.exceptions.Cancelled',
+        'traceback', 'Cancelled while running, at the request of '
+            || j.cancel_requested_by || '.',
+        'time', now())),
+    history = j.history || {
+    _history("cancel_held", "'stopped while running, as ' || j.cancel_requested_by || ' asked'")
+},
+    lease_owner = NULL, lease_expires_at = NULL
+{_HELD})
+WHERE j.id = h.id AND j.state = 'running'
+  AND j.lease_owner = %(owner)s AND j.lease_version = h.version
+  AND j.cancel_requested_at IS NOT NULL
+RETURNING j.id
 """
 
 PRUNE = """
@@ -467,15 +539,27 @@ def claim(
     return [Lease(*row) for row in cursor.fetchall()]
 
 
+class Renewed(set[int]):
+    """The ids HEARTBEAT renewed; `cancel_requested` are those an operator asked to stop."""
+
+    def __init__(self, rows: Iterable[tuple[int, bool]] = ()) -> None:
+        rows = list(rows)
+        super().__init__(id_ for id_, _ in rows)
+        self.cancel_requested = frozenset(id_ for id_, requested in rows if requested)
+
+
 def heartbeat(
     cursor: Cursor, *, owner: str, held: Iterable[tuple[int, int]], lease_seconds: float
-) -> set[int]:
-    """Renew every lease the worker holds; a job missing from the result is lost."""
+) -> Renewed:
+    """Renew every lease the worker holds; a job missing from the result is lost.
+
+    The result also says which renewed jobs have a cancel request.
+    """
     held = [{"id": id_, "version": version} for id_, version in held]
     if not held:
-        return set()
+        return Renewed()
     cursor.execute(HEARTBEAT, {"held": _json(held), "owner": owner, "lease": lease_seconds})
-    return {row[0] for row in cursor.fetchall()}
+    return Renewed(cursor.fetchall())
 
 
 def complete(cursor: Cursor, *, owner: str, done: Iterable[tuple[int, int, Any]]) -> set[int]:
@@ -522,20 +606,30 @@ def release(cursor: Cursor, *, owner: str, held: Iterable[tuple[int, int]]) -> s
 
 
 def lock_for_effect(cursor: Cursor, *, job_id: int, owner: str, version: int) -> bool:
-    """Lock the job row for the caller's transaction if the token still holds it."""
+    """Lock the job row for the caller's transaction if the token still holds it.
+
+    False when the token lost the job or an operator asked to cancel it.
+    """
     cursor.execute(LOCK_FOR_EFFECT, {"id": job_id, "owner": owner, "version": version})
     return bool(cursor.fetchall())
 
 
 def reap(cursor: Cursor, *, limit: int = 500) -> list[Reaped]:
-    """Take back expired leases: to `available`, or `dead` when attempts are used up."""
+    """Take back expired leases: to `available`, `dead` when attempts are used up,
+    or `cancelled` when an operator asked to cancel the job."""
     cursor.execute(REAP, {"limit": limit})
     return [Reaped(*row) for row in cursor.fetchall()]
 
 
-def requeue(cursor: Cursor, *, ids: Sequence[int], notify: bool = True) -> list[int]:
-    """Give failed, dead or cancelled jobs a fresh set of attempts."""
-    cursor.execute(REQUEUE, {"ids": list(ids)})
+def requeue(
+    cursor: Cursor, *, ids: Sequence[int], notify: bool = True, actor: str = DEFAULT_ACTOR
+) -> list[int]:
+    """Give failed, dead or cancelled jobs a fresh set of attempts.
+
+    Guard: state failed, dead or cancelled; other ids are left alone and
+    missing from the result. Clears a cancel request; notes it in history.
+    """
+    cursor.execute(REQUEUE, {"ids": list(ids), "actor": actor})
     rows = cursor.fetchall()
     if notify:
         for queue in sorted({queue for _, queue in rows}):
@@ -543,10 +637,38 @@ def requeue(cursor: Cursor, *, ids: Sequence[int], notify: bool = True) -> list[
     return [id_ for id_, _ in rows]
 
 
-def cancel(cursor: Cursor, *, ids: Sequence[int]) -> list[int]:
-    """Cancel jobs that have not started (blocked or available)."""
-    cursor.execute(CANCEL, {"ids": list(ids)})
+def cancel(cursor: Cursor, *, ids: Sequence[int], actor: str = DEFAULT_ACTOR) -> list[int]:
+    """Cancel jobs that have not started (blocked or available).
+
+    Guard: state blocked or available; others are missing from the result.
+    """
+    cursor.execute(CANCEL, {"ids": list(ids), "actor": actor})
     return [row[0] for row in cursor.fetchall()]
+
+
+def request_cancel(cursor: Cursor, *, ids: Sequence[int], actor: str = DEFAULT_ACTOR) -> list[int]:
+    """Ask the workers holding these running jobs to stop them; no state changes.
+
+    Guard: state running and no earlier request; any token. Zero rows means
+    the job is not running (any more) or was already asked to stop.
+    """
+    cursor.execute(REQUEST_CANCEL, {"ids": list(ids), "actor": actor})
+    return [row[0] for row in cursor.fetchall()]
+
+
+def cancel_held(
+    cursor: Cursor, *, owner: str, held: Iterable[tuple[int, int]], actor: str = DEFAULT_ACTOR
+) -> set[int]:
+    """The holder honours cancel requests: its jobs become `cancelled`.
+
+    Guard: state running, owner and version (the token), and a cancel
+    request. Zero rows means the lease was lost, or there was no request.
+    """
+    rows = [{"id": i, "version": v} for i, v in held]
+    if not rows:
+        return set()
+    cursor.execute(CANCEL_HELD, {"held": _json(rows), "owner": owner, "actor": actor})
+    return {row[0] for row in cursor.fetchall()}
 
 
 def prune(cursor: Cursor, *, older_than_seconds: float, queues: Sequence[str], limit: int) -> int:
@@ -632,7 +754,9 @@ ACTIONS = {
     "REAP": reap,
     "REQUEUE": requeue,
     "CANCEL": cancel,
+    "REQUEST_CANCEL": request_cancel,
+    "CANCEL_HELD": cancel_held,
     "CRON_ENQUEUE": cron_enqueue,
 }
 
-__all__ = ["ACTIONS", "JobState", "Lease", "NewJob", "Reaped"]
+__all__ = ["ACTIONS", "JobState", "Lease", "NewJob", "Reaped", "Renewed"]

@@ -2,9 +2,10 @@
 
 `send_receipt` is at-least-once, like any e-mail: a worker that dies after
 sending and before recording it sends the receipt again on the retry.
-`charge_payment` shows the two halves of exactly-once: the remote charge is
-made safe by the idempotency key the gateway honours, and the local record
-is made exactly-once by `context.atomic()`. `flaky_sync` always fails, so it
+`build_report` is a long job that stops as soon as an operator cancels it
+from the admin. `charge_payment` shows the two halves of exactly-once: the
+remote charge is made safe by the idempotency key the gateway honours, and
+the local record is made exactly-once by `context.atomic()`. `flaky_sync` always fails, so it
 ends `dead` and shows up in the admin's dead-letter view. `nightly_stock_report`
 is a periodic job: settings.CONVEYOR["CRON"] runs it every night.
 """
@@ -12,6 +13,7 @@ is a periodic job: settings.CONVEYOR["CRON"] runs it every night.
 from __future__ import annotations
 
 from datetime import datetime, time, timedelta
+from time import monotonic, sleep
 from zoneinfo import ZoneInfo
 
 from django.core.mail import send_mail
@@ -81,6 +83,18 @@ def flaky_sync(sku: str) -> None:
     raise ConnectionError(
         f"Inventory service unreachable while syncing {sku!r} (demo: always fails)."
     )
+
+
+@task(queue_name="default", takes_context=True, max_attempts=1)
+def build_report(context, seconds: float) -> str:
+    # Long work in small steps, checking between them whether to go on: an
+    # operator's cancel (or a lost lease) makes lease_held() false.
+    deadline = monotonic() + seconds
+    while monotonic() < deadline:
+        if not context.lease_held():
+            return "stopped early"
+        sleep(0.2)
+    return "report built"
 
 
 @task(takes_context=True, max_attempts=3)

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from datetime import timedelta
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -26,6 +27,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
+from django.utils import timezone
 
 from django_conveyor import schedules
 from django_conveyor.conf import conveyor_settings
@@ -34,7 +36,7 @@ from django_conveyor.models import Job, LedgerEntry
 from django_conveyor.states import FINAL_STATES, JobState
 from shop.models import GatewayCharge, Order, Payment, StockReport
 from shop.services import place_order, request_inventory_sync
-from shop.tasks import charge_payment, flaky_sync, nightly_stock_report, send_receipt
+from shop.tasks import build_report, charge_payment, flaky_sync, nightly_stock_report, send_receipt
 
 REPORT_SCHEDULE = "nightly-stock-report"  # settings.CONVEYOR["CRON"]
 DEMO_USER = "demo"
@@ -42,6 +44,8 @@ DEMO_PASSWORD = "conveyor-demo"  # A local demo login, printed on purpose.
 WORKER_CONCURRENCY = 4
 WORKER_STOP_TIMEOUT_SECONDS = 30.0  # Past the worker's own shutdown timeout.
 POLL_INTERVAL_SECONDS = 0.25
+REPORT_SECONDS = 3600.0  # The long job left running for the console's cancel button.
+SCHEDULED_IN = timedelta(hours=1)
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 DEMO_ORDERS = [
@@ -291,12 +295,26 @@ class Command(BaseCommand):
         self.stdout.write((self.style.SUCCESS if ok else self.style.ERROR)(f"    {verdict}"))
         return ok
 
+    def enqueue_console_jobs(self) -> int:
+        """Something for the console to show besides finished jobs: one running, one later."""
+        report = build_report.enqueue(REPORT_SECONDS)
+        later = timezone.now() + SCHEDULED_IN
+        flaky_sync.using(run_after=later).enqueue("TEA-500G")
+        self.stdout.write(
+            f"    a long report (job {report.id}: running, cancel it from its page) and an "
+            f"inventory sync scheduled for {later:%H:%M} UTC"
+        )
+        return int(report.id)
+
     def serve(self, port: int, login: str, settled: bool) -> None:
         base = f"http://127.0.0.1:{port}"
+        report = self.enqueue_console_jobs()
         self.step("Serving the shop (Ctrl-C stops the site and the worker)")
         self.stdout.write(f"    shop:         {base}/")
         self.stdout.write(f"    admin:        {base}/admin/  ({login})")
+        self.stdout.write(f"    dashboard:    {base}/admin/conveyor/dashboard/")
         self.stdout.write(f"    dead letters: {base}/admin/conveyor/deadletter/")
+        self.stdout.write(f"    running job:  {base}/admin/conveyor/job/{report}/change/")
         if not settled:
             self.stderr.write("    (the demo jobs did not settle as expected; see above)")
         call_command("runserver", f"127.0.0.1:{port}", use_reloader=False)
