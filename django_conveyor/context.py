@@ -62,8 +62,13 @@ class JobContext(TaskContext):
         return f"{self.idempotency_key}-{name}"
 
     def lease_held(self) -> bool:
-        """False once the worker knows the lease is gone: stop work early."""
+        """False once the worker knows the lease is gone or the job cancelled: stop early."""
         return not self.held.lost
+
+    @property
+    def cancel_requested(self) -> bool:
+        """True once the worker learnt that an operator cancelled this running job."""
+        return self.held.cancel_requested
 
     @contextmanager
     def atomic(self) -> Iterator[None]:

@@ -6,9 +6,13 @@ which the control loop writes through the protocol, guarded by the token.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from collections.abc import Callable
+from inspect import iscoroutinefunction
 from typing import Any
 
+from asgiref.sync import async_to_sync
 from django.db import connections
 
 from . import outcomes
@@ -54,9 +58,32 @@ def running_result(task: Task, held: HeldLease) -> ConveyorTaskResult:
 
 def call(task: Task, held: HeldLease, result: ConveyorTaskResult) -> Any:
     lease = held.lease
-    if not task.takes_context:
-        return task.call(*lease.args, **lease.kwargs)
-    return task.call(JobContext(task_result=result, held=held), *lease.args, **lease.kwargs)
+    args = (
+        [JobContext(task_result=result, held=held), *lease.args]
+        if task.takes_context
+        else lease.args
+    )
+    if iscoroutinefunction(task.func):
+        return async_to_sync(cancellable(task.func, held))(*args, **lease.kwargs)
+    return task.call(*args, **lease.kwargs)
+
+
+def cancellable(func: Callable[..., Any], held: HeldLease) -> Callable[..., Any]:
+    """Run an async handler as a task that losing the lease (or a cancel) cancels."""
+
+    async def run(*args: Any, **kwargs: Any) -> Any:
+        task = asyncio.current_task()
+        loop = asyncio.get_running_loop()
+        assert task is not None
+        held.cancel_async = lambda: loop.call_soon_threadsafe(task.cancel)
+        try:
+            if held.lost:
+                raise asyncio.CancelledError  # Lost before it started.
+            return await func(*args, **kwargs)
+        finally:
+            held.cancel_async = None
+
+    return run
 
 
 def classify(exc: BaseException, task: Task | None, held: HeldLease) -> Outcome:

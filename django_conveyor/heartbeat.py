@@ -17,9 +17,10 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from . import protocol
+from . import outcomes, protocol
 from .conf import DEFAULT_HEARTBEAT_SECONDS
 from .leases import Leases
+from .outcomes import Outcome
 from .protocol import Cursor
 from .services import Now
 
@@ -30,6 +31,7 @@ LEASE_FRACTION = 1 / 3  # Never beat less often than this share of the lease.
 class HeartbeatCounts(NamedTuple):
     renewed: int = 0  # Leases renewed by this pass.
     leases_lost: int = 0  # Leases the database says another party has now.
+    cancels_honoured: int = 0  # Running jobs an operator asked to cancel, now CANCEL_HELD.
 
 
 def interval_for(lease_seconds: float, heartbeat_seconds: float) -> float:
@@ -64,4 +66,21 @@ class Heartbeat:
                 continue  # Its own guarded block holds the row: not lost.
             self.leases.lose(current, "heartbeat found the lease gone")
             lost += 1
-        return HeartbeatCounts(renewed=len(renewed), leases_lost=lost)
+        cancelled = sum(self.honour_cancel(job_id) for job_id in renewed.cancel_requested)
+        return HeartbeatCounts(renewed=len(renewed), leases_lost=lost, cancels_honoured=cancelled)
+
+    def honour_cancel(self, job_id: int) -> bool:
+        """Stop the handler of a job an operator cancelled; CANCEL_HELD is written next cycle.
+
+        The lease stops being held at once: `context.lease_held()` turns false,
+        an async handler's task is cancelled, and whatever the handler returns
+        later is stale. A job inside its guarded block is not renewed (its row
+        is locked), so it never gets here: its commit decides.
+        """
+        held = self.leases.held.get(job_id)
+        if held is None or held.in_atomic or held.completed_in_atomic:
+            return False
+        held.cancel_requested = True
+        return self.leases.give_up(
+            held, Outcome(outcomes.CANCEL_HELD, held), "cancelled at an operator's request"
+        )

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import queue
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -43,11 +44,16 @@ class HeldLease:
     timeout: float | None = None  # The task's timeout, known once a slot starts it.
     started_at: float | None = None  # time.monotonic(); None while buffered.
     finished_at: float | None = None
+    cancel_requested: bool = False  # An operator asked to cancel it (context.cancel_requested).
+    # Set by the executor while an async handler runs: cancels its asyncio task.
+    cancel_async: Callable[[], None] | None = None
 
     def mark_lost(self, reason: str) -> None:
         """Tell the handler (context.lease_held()) that its outcome will not count."""
         self.lost_reason = reason
         self.lost = True
+        if self.cancel_async is not None:
+            self.cancel_async()  # An async handler stops at its next await.
 
     @property
     def duration(self) -> float | None:

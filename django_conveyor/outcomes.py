@@ -10,8 +10,8 @@ Each row is matched on its own owner and version, so a batch can mix fresh
 and stale outcomes; a writer returns what became of the rows it wrote, and
 a row missing from that was refused by the fence.
 
-To add a kind (CANCEL_HELD, say): a constant, a writer calling its
-protocol statement, and an entry in `WRITERS`.
+To add a kind: a constant, a writer calling its protocol statement, and an
+entry in `WRITERS`.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ SNOOZE = "snooze"
 RELEASE = "release"  # Handed back unfinished (shutdown): the attempt does not count.
 DONE_IN_ATOMIC = "done_in_atomic"  # context.atomic() already wrote the completion.
 LOST = "lost"  # The handler met LeaseLost: nothing to write.
+CANCEL_HELD = "cancel_held"  # An operator asked to cancel the running job: honour it.
 
 
 @dataclass(slots=True)
@@ -96,6 +97,12 @@ def _record_result(cur: Cursor, owner: str, batch: list[Outcome]) -> dict[int, s
     return {o.lease.id: "completed" for o in batch}
 
 
+def _cancel_held(cur: Cursor, owner: str, batch: list[Outcome]) -> dict[int, str]:
+    held = [(o.lease.id, o.lease.version) for o in batch]
+    cancelled = protocol.cancel_held(cur, owner=owner, held=held, actor=f"worker:{owner}")
+    return dict.fromkeys(cancelled, "cancelled")
+
+
 def _nothing(cur: Cursor, owner: str, batch: list[Outcome]) -> dict[int, str]:
     return {}
 
@@ -108,6 +115,7 @@ WRITERS: dict[str, Writer] = {
     RELEASE: _release,
     DONE_IN_ATOMIC: _record_result,
     LOST: _nothing,
+    CANCEL_HELD: _cancel_held,
 }
 
 

@@ -43,6 +43,7 @@ from .leases import Leases
 from .listener import Listener
 from .outcomes import Outcome
 from .reaper import Reaper
+from .registry import Registry, WorkerInfo
 from .scheduler import SchedulerService
 from .services import Now, Schedule, Service
 from .slots import SlotPool
@@ -155,6 +156,11 @@ class Worker:
         self.heartbeat = Heartbeat(
             self.leases, lease_seconds=config.lease_seconds, interval=config.heartbeat_seconds
         )
+        self.registry = Registry(
+            WorkerInfo(id=config.worker_id, queues=config.queues, concurrency=config.concurrency),
+            leases_held=lambda: len(self.leases.held),
+            interval=config.heartbeat_seconds,
+        )
         self.schedule = Schedule(self.services(), self.stats)
         # A listener DSN or poll-only mode means the main DSN may be a pooler.
         self.connection = LoopConnection(
@@ -170,6 +176,7 @@ class Worker:
             self.heartbeat,
             Reaper(interval=self.config.reap_seconds),
             Timeouts(self.leases),
+            self.registry,
         ]
         if self.options.cron:
             services.append(SchedulerService(database=self.config.database))
@@ -201,6 +208,7 @@ class Worker:
         try:
             self.control_loop()
             shutdown.drain(self)
+            self.deregister()
         finally:
             self.slots.stop()
             self.connection.drop()
@@ -212,6 +220,14 @@ class Worker:
     def stop(self) -> None:
         self.stopping.set()
         self.wake.set()
+
+    def deregister(self) -> None:
+        """A clean exit: mark this worker's registry row stopped (lost rows say otherwise)."""
+        try:
+            with self.connection.get().cursor() as cur:
+                self.registry.stop(cur)
+        except psycopg.Error as exc:
+            logger.warning("could not mark the worker stopped (%s); it will show as lost", exc)
 
     def on_outcome(self, outcome: Outcome) -> None:
         """Called from a slot thread: queue the outcome and wake the control loop."""
