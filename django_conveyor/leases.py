@@ -149,6 +149,20 @@ class Leases:
             return {}
         return outcomes.write(cur, self.owner, outcomes.by_kind(self.pending.values()))
 
+    def write_each(self, cur: Cursor, savepoint: outcomes.Savepoint) -> dict[int, str]:
+        """After PostgreSQL refused the batch: every pending outcome alone (outcomes.write_each).
+
+        A refused outcome is replaced in `pending` by the FAIL written in its
+        place, so `settle` counts and reports what was really written.
+        """
+        written, replaced = outcomes.write_each(
+            cur, self.owner, list(self.pending.values()), savepoint
+        )
+        self.pending.update(replaced)
+        if replaced:
+            self.stats.add("outcomes_refused", len(replaced))
+        return written
+
     def settle(self, written: dict[int, str]) -> None:
         """After the commit: forget the written leases, count, report what was refused.
 

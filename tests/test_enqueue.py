@@ -139,7 +139,7 @@ class TestBadInput:
             task(local)
 
     def test_max_attempts_must_be_positive(self):
-        with pytest.raises(InvalidTask, match="max_attempts must be a whole number of 1 or more"):
+        with pytest.raises(InvalidTask, match="max_attempts must be a whole number from 1 to 2147483647, not 0"):
             tasks.add.using(max_attempts=0)
 
     def test_per_task_options_cannot_change_per_call(self):

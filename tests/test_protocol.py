@@ -160,7 +160,7 @@ class TestFail(GuardedOutcome):
 
 class TestSnooze(GuardedOutcome):
     def write(self, cur, job_id, version, owner=OWNER):
-        return protocol.snooze(cur, owner=owner, snoozed=[(job_id, version, 30.0)])
+        return protocol.snooze(cur, owner=owner, snoozed=[(job_id, version, 30.0, None)])
 
     def test_gives_the_attempt_back(self, cur):
         job = JobFactory(running=True, attempt=2)

@@ -14,6 +14,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django_conveyor.conf import conveyor_settings
 from django_conveyor.exceptions import ConveyorConfigurationError
 from django_conveyor.management.arguments import (
+    int_up_to,
     non_negative_seconds,
     positive_int,
     positive_seconds,
@@ -21,7 +22,14 @@ from django_conveyor.management.arguments import (
     worker_id,
 )
 from django_conveyor.supervisor import Supervisor
-from django_conveyor.worker import Worker, WorkerOptions, worker_database
+from django_conveyor.worker import (
+    MAX_CONCURRENCY,
+    Worker,
+    WorkerConfig,
+    WorkerOptions,
+)
+
+MAX_PROCESSES = 256  # Worker processes one supervisor forks.
 
 
 class Command(BaseCommand):
@@ -38,13 +46,13 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--concurrency",
-            type=positive_int,
+            type=int_up_to(MAX_CONCURRENCY),
             default=4,
             help="Handler slots per process (default 4).",
         )
         parser.add_argument(
             "--processes",
-            type=positive_int,
+            type=int_up_to(MAX_PROCESSES),
             default=1,
             help="Worker processes to supervise (default 1).",
         )
@@ -105,7 +113,10 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        configure_logging(options["verbosity"])
+        try:
+            configure_logging(options["verbosity"])
+        except ConveyorConfigurationError as exc:  # Checks skipped: refuse it here, clearly.
+            raise CommandError(str(exc)) from exc
         known = self.backend_queues(options["backend"])
         queues = options["queues"] or sorted(known)
         unknown = sorted(set(queues) - known) if known else []
@@ -122,10 +133,6 @@ class Command(BaseCommand):
             raise CommandError(
                 "--worker-id names one process; it cannot be used with --processes > 1."
             )
-        try:
-            worker_database(tuple(queues))
-        except ConveyorConfigurationError as exc:
-            raise CommandError(str(exc)) from exc
         worker_options = WorkerOptions(
             queues=tuple(queues),
             concurrency=options["concurrency"],
@@ -139,6 +146,10 @@ class Command(BaseCommand):
             worker_id=options["worker_id"],
             cron=not options["no_cron"],
         )
+        try:
+            WorkerConfig.resolve(worker_options)  # Before any fork: the one clear refusal.
+        except ConveyorConfigurationError as exc:
+            raise CommandError(str(exc)) from exc
         if options["processes"] == 1:
             code = Worker(worker_options).run()
         else:
