@@ -155,13 +155,14 @@ class Leases:
         A refused outcome is replaced in `pending` by the FAIL written in its
         place, so `settle` counts and reports what was really written.
         """
-        written, replaced = outcomes.write_each(
-            cur, self.owner, list(self.pending.values()), savepoint
-        )
-        self.pending.update(replaced)
-        if replaced:
-            self.stats.add("outcomes_refused", len(replaced))
-        return written
+        each = outcomes.write_each(cur, self.owner, list(self.pending.values()), savepoint)
+        self.pending.update(each.replaced)
+        for job_id in each.abandoned:  # Left to its lease: no longer held, nothing pending.
+            if self.held.get(job_id) is self.pending[job_id].held:
+                del self.held[job_id]
+            del self.pending[job_id]
+        self.stats.add("outcomes_refused", len(each.replaced) + len(each.abandoned))
+        return each.written
 
     def settle(self, written: dict[int, str]) -> None:
         """After the commit: forget the written leases, count, report what was refused.

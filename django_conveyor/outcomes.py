@@ -204,19 +204,27 @@ def refused_value(exc: BaseException) -> bool:
 Savepoint = Callable[[], AbstractContextManager[Any]]
 
 
+@dataclass(slots=True)
+class EachWritten:
+    """What `write_each` did."""
+
+    written: dict[int, str] = field(default_factory=dict)  # Job id -> what it became.
+    replaced: dict[int, Outcome] = field(default_factory=dict)  # Refused -> what was written.
+    abandoned: list[int] = field(default_factory=list)  # Even the FAIL refused: left to expire.
+
+
 def write_each(
     cur: Cursor, owner: str, pending: Iterable[Outcome], savepoint: Savepoint
-) -> tuple[dict[int, str], dict[int, Outcome]]:
+) -> EachWritten:
     """After a refused batch: each outcome alone, in a savepoint of the open transaction.
 
-    Returns what became of the rows, and the outcomes that replaced refused
-    ones: a refused outcome becomes the job's FAIL, whose entry says why
-    (text only, escaped: storable). If even that is refused the job is left
-    to its lease, which expires, and the reaper takes it back (the attempt
-    counts, so it ends `dead` at worst): never a batch that fails forever.
+    A refused outcome becomes the job's FAIL, whose entry says why (text
+    only, escaped: storable). If even that is refused the job is left to its
+    lease, which expires, and the reaper takes it back (the attempt counts,
+    so it ends `dead` at worst): never a batch that fails forever.
     """
-    written: dict[int, str] = {}
-    replaced: dict[int, Outcome] = {}
+    result = EachWritten()
+    written, replaced = result.written, result.replaced
     for outcome in pending:
         try:
             with savepoint():
@@ -241,10 +249,11 @@ def write_each(
         except Exception as exc:
             if not refused_value(exc):
                 raise
+            result.abandoned.append(outcome.lease.id)
             log_job(logger, logging.ERROR, outcome.lease,
                     "its failure was refused too (%s): the lease is left to expire",
                     _first_line(exc))  # fmt: skip
-    return written, replaced
+    return result
 
 
 def _first_line(exc: BaseException) -> str:

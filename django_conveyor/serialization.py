@@ -64,7 +64,7 @@ def _find_bad(value: Any, path: str, depth: int = 0) -> tuple[str, str] | None:
             return None
         return path, f"is {value!r}, which JSON cannot represent (only finite numbers)"
     if isinstance(value, list | tuple | dict):
-        if depth >= MAX_DEPTH:
+        if depth > MAX_DEPTH:  # The arguments list itself is depth 0.
             return path, f"nests more than {MAX_DEPTH} levels of lists and dicts"
         if isinstance(value, dict):
             for key, item in value.items():

@@ -1,0 +1,60 @@
+"""serialization.py: what can be stored as JSON in PostgreSQL, and errors that point."""
+
+import pytest
+
+from django_conveyor.exceptions import ArgumentsNotSerializable
+from django_conveyor.serialization import (
+    MAX_DEPTH,
+    REPLACED_NOTE,
+    json_round_trip,
+    storable_text,
+    text_problem,
+)
+
+
+def nested(levels):
+    value = 1
+    for _ in range(levels):
+        value = {"k": value}
+    return value
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ("a\x00b", "f() return value contains a NUL character (\\x00)"),
+        (["ok", {"x": "\x00"}], "f() return value[1]['x'] contains a NUL character"),
+        ("\udc80", "f() return value contains a lone surrogate"),
+        (float("nan"), "f() return value is nan, which JSON cannot represent"),
+        ({"a": -float("inf")}, "f() return value['a'] is -inf"),
+        (nested(MAX_DEPTH + 2), "f() return value['k']"),
+        (nested(100_000), "nests more than 100 levels of lists and dicts."),
+        (object(), "f() return value is not JSON-serializable: object value"),
+    ],
+)
+def test_unstorable_values_are_refused_by_path(value, message):
+    with pytest.raises(ArgumentsNotSerializable) as raised:
+        json_round_trip(value, "f() return value")
+    assert message in str(raised.value)
+
+
+class Sly(str):
+    def __contains__(self, item):
+        return False  # Hides its NUL from a naive check.
+
+
+def test_a_str_subclass_cannot_hide_a_nul():
+    with pytest.raises(ArgumentsNotSerializable, match="contains a NUL character"):
+        json_round_trip([Sly("a\x00")], "f() return value")
+
+
+def test_storable_values_come_back_as_json_gives_them():
+    assert json_round_trip(("é", "😀", "\\u0000", 1.5), "v") == ["é", "😀", "\\u0000", 1.5]
+    assert json_round_trip(nested(MAX_DEPTH), "v") == nested(MAX_DEPTH)
+
+
+def test_error_text_is_made_storable_with_a_note():
+    assert storable_text("plain") == "plain"
+    text = storable_text("bad byte \x00 and \udc80")
+    assert text == "bad byte \\x00 and \\udc80" + REPLACED_NOTE
+    assert text_problem(text) is None
