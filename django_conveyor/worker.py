@@ -335,7 +335,7 @@ class Worker:
                 written = leases.write(cur)
                 claimed = self.claimer.claim(cur, steps)
         except Exception as exc:
-            if not leases.pending or not outcomes.refused_value(exc) or conn.broken:
+            if not leases.pending or not outcomes.refused_value(exc) or conn.closed:
                 raise  # The loop logs it, reconnects if need be, and tries again.
             # Rolled back, claim included. Isolate the row PostgreSQL refused:
             # each outcome in a savepoint, then the claim, in one transaction.
