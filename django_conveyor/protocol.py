@@ -35,7 +35,9 @@ on, LOCK_FOR_EFFECT refuses the job (no effect commits after a cancel), and
 a lease that expires instead is reaped to `cancelled`. REQUEUE clears it.
 
 Operators leave a trace: REQUEUE, CANCEL, REQUEST_CANCEL and CANCEL_HELD
-append `{"time", "actor", "action", "detail"}` to the job's `history`.
+append `{"time", "actor", "action", "detail"}` to the job's `history`; so
+does a SNOOZE whose delay the worker capped at ten years (no state changes
+beyond SNOOZE's own).
 
 The clock. Leases are compared with the database's `now()`, never a
 worker's clock, so clock skew between hosts cannot break them. REAP takes
