@@ -6,6 +6,7 @@ import argparse
 import logging
 import signal
 import sys
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -14,7 +15,9 @@ from django.core.management.base import BaseCommand, CommandError
 from django_conveyor.conf import conveyor_settings
 from django_conveyor.exceptions import ConveyorConfigurationError
 from django_conveyor.management.arguments import (
+    MAX_PORT,
     non_negative_seconds,
+    port_number,
     positive_int,
     positive_seconds,
     queue_list,
@@ -22,6 +25,8 @@ from django_conveyor.management.arguments import (
 )
 from django_conveyor.supervisor import Supervisor
 from django_conveyor.worker import Worker, WorkerOptions, worker_database
+
+logger = logging.getLogger("django_conveyor.worker")
 
 
 class Command(BaseCommand):
@@ -99,6 +104,18 @@ class Command(BaseCommand):
             help="Run no scheduler: enqueue no ticks of periodic schedules (CONVEYOR['CRON']).",
         )  # fmt: skip
         parser.add_argument(
+            "--metrics-port",
+            type=port_number,
+            default=None,
+            help="Serve Prometheus metrics on this port; with --processes N, one port per "
+            "process from this one up (needs django-conveyor[metrics]).",
+        )
+        parser.add_argument(
+            "--metrics-address",
+            default="0.0.0.0",
+            help="Address the metrics port listens on (default 0.0.0.0: every interface).",
+        )
+        parser.add_argument(
             "--backend",
             default="default",
             help="The TASKS alias whose queues to work (default 'default').",
@@ -139,16 +156,55 @@ class Command(BaseCommand):
             worker_id=options["worker_id"],
             cron=not options["no_cron"],
         )
+        exporter = self.exporter(options)
         if options["processes"] == 1:
-            code = Worker(worker_options).run()
+            code = exporter(worker_options, 0)
         else:
             child_options = replace(worker_options, stop_signals=(signal.SIGTERM,))
             code = Supervisor(
                 options["processes"],
-                lambda slot: Worker(child_options).run(),
+                lambda slot: exporter(child_options, slot),
                 burst=options["burst"],
             ).run()
         sys.exit(code)
+
+    def exporter(self, options: dict[str, Any]) -> Callable[[WorkerOptions, int], int]:
+        """How to run the worker of one slot: plain, or serving its metrics first."""
+        port, address = options["metrics_port"], options["metrics_address"]
+        if port is None:
+            return lambda worker_options, slot: Worker(worker_options).run()
+        try:
+            from django_conveyor.metrics import worker as worker_metrics
+        except ImportError as exc:
+            raise CommandError(
+                f"--metrics-port needs prometheus_client ({exc}). Install the metrics extra: "
+                'pip install "django-conveyor[metrics]"'
+            ) from exc
+        ports = range(port, port + options["processes"])
+        if ports[-1] > MAX_PORT:
+            raise CommandError(
+                f"--metrics-port {port} with --processes {options['processes']} needs ports up "
+                f"to {ports[-1]}; the highest port is {MAX_PORT}."
+            )
+        try:
+            for each in ports:  # Before any worker starts: a taken port stops the command.
+                worker_metrics.check_port(address, each)
+        except worker_metrics.PortTaken as exc:
+            raise CommandError(f"{exc} Choose another --metrics-port.") from exc
+
+        def run(worker_options: WorkerOptions, slot: int) -> int:
+            metrics = worker_metrics.WorkerMetrics()
+            try:
+                worker_metrics.serve(metrics, address, port + slot)
+            except worker_metrics.PortTaken as exc:
+                if options["processes"] == 1:
+                    raise CommandError(f"{exc} Choose another --metrics-port.") from exc
+                logger.error("%s", exc)
+                return 1
+            logger.info("serving metrics on %s:%d", address, port + slot)
+            return Worker(replace(worker_options, instrument=metrics)).run()
+
+        return run
 
     def backend_queues(self, alias: str) -> set[str]:
         from django_conveyor.backend import ConveyorBackend
