@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 import socket
 import sys
 import urllib.request
@@ -14,7 +16,7 @@ from django.core.management import CommandError, call_command
 from django_conveyor import metrics
 from django_conveyor.metrics.worker import STALE_REFUSED, WorkerMetrics
 from django_conveyor.models import Job
-from tests.helpers import run_burst, stop_process, wait_until
+from tests.helpers import REPO, run_burst, stop_process, wait_until
 from tests.helpers import start_logged_worker as worker
 from tests.testapp import tasks
 
@@ -195,3 +197,33 @@ def test_refused_outcomes_and_lost_leases_are_counted():
     labels = {"queue": "default", "task": ADD}
     assert value("conveyor_jobs_processed_total", {**labels, "outcome": STALE_REFUSED}) == 1
     assert value("conveyor_leases_lost_total", labels) == 1
+
+
+def served_names() -> set[str]:
+    """Every sample name the scrape view and a worker's port can serve."""
+    from django_conveyor.metrics import process, scrape
+
+    process.counters()  # made on first use
+    suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
+    families = [
+        *scrape.DatabaseCollector().collect(),
+        *WorkerMetrics().registry.collect(),
+        *process.REGISTRY.collect(),
+    ]
+    return {f.name + suffix for f in families for suffix in suffixes[f.type]}
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "shard"])
+def test_the_dashboard_uses_exactly_the_served_names():
+    dashboard = json.loads((REPO / "docs" / "grafana-dashboard.json").read_text())
+    used = {
+        name
+        for panel in dashboard["panels"]
+        for target in panel.get("targets", [])
+        for name in re.findall(r"conveyor_[a-z_]+", target["expr"])
+    }
+    served = served_names()
+    assert used - served == set()
+    worker = {f.name for f in WorkerMetrics().registry.collect()}
+    # Every worker metric has a panel.
+    assert {n for n in worker if not any(u.startswith(n) for u in used)} == set()
