@@ -14,7 +14,7 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
-from django_conveyor import operations
+from django_conveyor import operations, stats
 from django_conveyor.admin import base
 from django_conveyor.models import Job, Queue, Worker
 from tests.factories import JobFactory, LedgerEntryFactory
@@ -351,6 +351,20 @@ class TestDashboard:
         body = response.content.decode()
         assert "<svg" in body and "conveyor/dashboard.js" in body
         assert 'data-stat="ready">3<' in body
+
+    def test_dead_letters_past_the_exact_limit_are_estimates_and_say_so(self, staff, monkeypatch):
+        monkeypatch.setattr(stats, "EXACT_BELOW", 2)
+        JobFactory.create_batch(5, queue="default", dead=True)
+        JobFactory(queue="default", failed=True)
+        connection.cursor().execute("ANALYZE conveyor_job")
+        response = staff.get(DASHBOARD)
+        default = {q.name: q for q, _ in response.context["rows"]}["default"]
+        assert default.estimated == {"dead"}
+        assert default.failed_display == "1"
+        assert default.dead_display.startswith("≈")
+        assert 'data-stat="dead">≈' in response.content.decode()
+        queues = staff.get(QUEUES).content.decode()
+        assert "≈" in queues
 
     def test_the_fragment_is_the_body_alone(self, staff):
         JobFactory()
