@@ -8,6 +8,7 @@ import datetime as dt
 
 import pytest
 from django.contrib.admin.models import CHANGE, LogEntry
+from django.contrib.admin.utils import quote
 from django.contrib.auth.models import Permission, User
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
@@ -402,6 +403,16 @@ class TestWorkersPage:
         assert "default, emails" in body
         lost = staff.get(WORKERS, {"status": "lost"}).context["cl"].result_list
         assert [w.id for w in lost] == ["w-lost"]
+        Worker.objects.create(id="w-done", last_seen_at=now, stopped_at=now, **common)
+
+        def listed(**params):
+            return {w.id for w in staff.get(WORKERS, params).context["cl"].result_list}
+
+        # A clean exit leaves the live-and-lost list at once, and is kept on request.
+        assert listed() == {"w-live", "w-lost"}
+        assert "live and lost" in staff.get(WORKERS).content.decode()
+        assert listed(status="stopped") == {"w-done"}
+        assert listed(status="all") == {"w-live", "w-lost", "w-done"}
         assert staff.get(reverse("admin:conveyor_worker_add")).status_code == 403
 
     def test_a_worker_links_the_jobs_it_holds(self, staff):
@@ -409,6 +420,12 @@ class TestWorkersPage:
         JobFactory(running=True, lease_owner="w-2")
         held = staff.get(JOBS, {"worker": "w-1"}).context["cl"].result_list
         assert [j.lease_owner for j in held] == ["w-1"]
+
+    def test_each_job_of_the_list_shows_the_worker_holding_it(self, staff):
+        JobFactory(running=True, lease_owner="web_1A:7:ab")
+        body = staff.get(JOBS).content.decode()
+        url = reverse("admin:conveyor_worker_change", args=[quote("web_1A:7:ab")])
+        assert f"<a href='{url}' title='holds its lease'>web_1A:7:ab</a>" in body
 
 
 class TestAtScale:
