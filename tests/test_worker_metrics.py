@@ -227,3 +227,12 @@ def test_the_dashboard_uses_exactly_the_served_names():
     worker = {f.name for f in WorkerMetrics().registry.collect()}
     # Every worker metric has a panel.
     assert {n for n in worker if not any(u.startswith(n) for u in used)} == set()
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [("0", "must be a TCP port, 1 to 65535, got 0"), ("http", "expected a port number")],
+)
+def test_a_bad_port_is_named(value, message):
+    with pytest.raises(CommandError, match=f"argument --metrics-port: {message}"):
+        call_command("conveyor_worker", "--metrics-port", value)

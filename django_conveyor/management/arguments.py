@@ -24,8 +24,11 @@ def positive_int(text: str) -> int:
 
 
 def port_number(text: str) -> int:
-    value = positive_int(text)
-    if value > MAX_PORT:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    if not 1 <= value <= MAX_PORT:
         raise argparse.ArgumentTypeError(f"must be a TCP port, 1 to {MAX_PORT}, got {value}")
     return value
 

@@ -36,7 +36,7 @@ from django.utils import timezone
 
 from django_conveyor import apikeys, schedules
 from django_conveyor.conf import conveyor_settings
-from django_conveyor.management.arguments import positive_seconds
+from django_conveyor.management.arguments import port_number, positive_seconds
 from django_conveyor.models import ApiKey, Job, LedgerEntry
 from django_conveyor.states import FINAL_STATES, JobState
 from shop.models import GatewayCharge, Order, Payment, StockReport
@@ -73,16 +73,6 @@ def curl_enqueue(base: str, api_key: str) -> str:
         f"curl -sS -X POST {base}/conveyor/api/jobs -H 'Authorization: Bearer {api_key}' "
         f"-H 'Content-Type: application/json' -H 'Idempotency-Key: demo-receipt-1' -d '{body}'"
     )
-
-
-def port_number(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
-    if not 1 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"must be between 1 and 65535, got {value}")
-    return value
 
 
 def plural(count: int, noun: str) -> str:
