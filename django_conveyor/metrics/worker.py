@@ -18,17 +18,23 @@ child's counters starting again from zero.
 
 from __future__ import annotations
 
+import logging
 import socket
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from ..instrument import Instrument
+from ..management.arguments import MAX_PORT
+from ..worker import Worker, WorkerOptions
 from . import process
 
 if TYPE_CHECKING:
     from ..protocol import Lease
+
+logger = logging.getLogger("django_conveyor.worker")
 
 STALE_REFUSED = "stale-refused"
 # Run times and pickup delays reach from milliseconds to hours:
@@ -126,6 +132,36 @@ def serve(metrics: WorkerMetrics, address: str, port: int) -> Any:
     except OSError as exc:
         raise PortTaken(_taken(address, port, exc)) from exc
     return server
+
+
+def slot_runner(address: str, port: int, *, processes: int) -> Callable[[WorkerOptions, int], int]:
+    """Run the worker of slot i serving its metrics on port + i; checks every port first.
+
+    Raises PortTaken before any worker starts. A child that cannot bind its
+    port later (taken since) logs it and exits 1, and its supervisor retries.
+    """
+    ports = range(port, port + processes)
+    if ports[-1] > MAX_PORT:
+        raise PortTaken(
+            f"--metrics-port {port} with --processes {processes} needs ports up to "
+            f"{ports[-1]}; the highest port is {MAX_PORT}."
+        )
+    for each in ports:
+        check_port(address, each)
+
+    def run(options: WorkerOptions, slot: int) -> int:
+        metrics = WorkerMetrics()
+        try:
+            serve(metrics, address, port + slot)
+        except PortTaken as exc:
+            if processes == 1:
+                raise
+            logger.error("%s", exc)
+            return 1
+        logger.info("serving metrics on %s:%d", address, port + slot)
+        return Worker(replace(options, instrument=metrics)).run()
+
+    return run
 
 
 def _taken(address: str, port: int, exc: OSError) -> str:

@@ -15,7 +15,6 @@ from django.core.management.base import BaseCommand, CommandError
 from django_conveyor.conf import conveyor_settings
 from django_conveyor.exceptions import ConveyorConfigurationError
 from django_conveyor.management.arguments import (
-    MAX_PORT,
     non_negative_seconds,
     port_number,
     positive_int,
@@ -25,8 +24,6 @@ from django_conveyor.management.arguments import (
 )
 from django_conveyor.supervisor import Supervisor
 from django_conveyor.worker import Worker, WorkerOptions, worker_database
-
-logger = logging.getLogger("django_conveyor.worker")
 
 
 class Command(BaseCommand):
@@ -170,7 +167,7 @@ class Command(BaseCommand):
 
     def exporter(self, options: dict[str, Any]) -> Callable[[WorkerOptions, int], int]:
         """How to run the worker of one slot: plain, or serving its metrics first."""
-        port, address = options["metrics_port"], options["metrics_address"]
+        port = options["metrics_port"]
         if port is None:
             return lambda worker_options, slot: Worker(worker_options).run()
         try:
@@ -180,29 +177,18 @@ class Command(BaseCommand):
                 f"--metrics-port needs prometheus_client ({exc}). Install the metrics extra: "
                 'pip install "django-conveyor[metrics]"'
             ) from exc
-        ports = range(port, port + options["processes"])
-        if ports[-1] > MAX_PORT:
-            raise CommandError(
-                f"--metrics-port {port} with --processes {options['processes']} needs ports up "
-                f"to {ports[-1]}; the highest port is {MAX_PORT}."
-            )
         try:
-            for each in ports:  # Before any worker starts: a taken port stops the command.
-                worker_metrics.check_port(address, each)
+            runner = worker_metrics.slot_runner(
+                options["metrics_address"], port, processes=options["processes"]
+            )
         except worker_metrics.PortTaken as exc:
             raise CommandError(f"{exc} Choose another --metrics-port.") from exc
 
         def run(worker_options: WorkerOptions, slot: int) -> int:
-            metrics = worker_metrics.WorkerMetrics()
             try:
-                worker_metrics.serve(metrics, address, port + slot)
-            except worker_metrics.PortTaken as exc:
-                if options["processes"] == 1:
-                    raise CommandError(f"{exc} Choose another --metrics-port.") from exc
-                logger.error("%s", exc)
-                return 1
-            logger.info("serving metrics on %s:%d", address, port + slot)
-            return Worker(replace(worker_options, instrument=metrics)).run()
+                return runner(worker_options, slot)
+            except worker_metrics.PortTaken as exc:  # Taken since the check.
+                raise CommandError(f"{exc} Choose another --metrics-port.") from exc
 
         return run
 
