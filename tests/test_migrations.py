@@ -10,7 +10,7 @@ from tests.factories import JobFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-MIGRATION = "0002_indexes"  # Drops conveyor_job_state_idx.
+MIGRATION = "0005_indexes"  # Drops conveyor_job_state_idx.
 
 
 def indexes() -> set[str]:
