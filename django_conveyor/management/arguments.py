@@ -13,6 +13,7 @@ from collections.abc import Callable
 from django_conveyor.conf import MAX_INT, MAX_SECONDS
 
 MAX_WORKER_ID_LENGTH = 64
+MAX_PORT = 65535
 
 
 def positive_int(text: str) -> int:
@@ -37,6 +38,16 @@ def int_up_to(maximum: int) -> Callable[[str], int]:
         return value
 
     return parse
+
+
+def port_number(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    if not 1 <= value <= MAX_PORT:
+        raise argparse.ArgumentTypeError(f"must be a TCP port, 1 to {MAX_PORT}, got {value}")
+    return value
 
 
 def non_negative_seconds(text: str) -> float:

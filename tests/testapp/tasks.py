@@ -252,3 +252,9 @@ def unchecked_poison(kind):
     if kind == "nul_return":
         return "a\x00b"
     raise ValueError("unchecked: bad byte \x00")
+
+
+@task()
+def enqueues_child(key):
+    """Enqueues add(1, 2) under an idempotency key: a second run replays it."""
+    return add.using(idempotency_key=key).enqueue(1, 2).id
