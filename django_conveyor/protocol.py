@@ -529,6 +529,7 @@ ACTIONS = {
     "REAP": reap,
     "REQUEUE": requeue,
     "CANCEL": cancel,
+    "PRUNE": prune,
 }
 
 __all__ = ["ACTIONS", "JobState", "Lease", "NewJob", "Reaped"]
