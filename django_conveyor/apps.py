@@ -1,4 +1,4 @@
-from django.apps import AppConfig
+from django.apps import AppConfig, apps
 from django.core import checks
 
 
@@ -10,6 +10,11 @@ class ConveyorConfig(AppConfig):
 
     def ready(self) -> None:
         from . import checks as conveyor_checks
+        from .api.checks import check_api_settings
 
         checks.register(conveyor_checks.check_settings)
         checks.register(conveyor_checks.check_database)
+        checks.register(conveyor_checks.check_cron)
+        if apps.is_installed("django.contrib.admin"):
+            from . import cron_admin  # noqa: F401  (registers the schedules' admin)
+        checks.register(check_api_settings)

@@ -24,6 +24,7 @@ from .compat import (
 from .conf import conveyor_settings
 from .results import ConveyorTaskResult, parse_result_id, result_from_job, result_id
 from .serialization import json_round_trip
+from .signals import task_enqueue_replayed
 from .tasks import ConveyorTask
 
 MAX_IDEMPOTENCY_KEY_LENGTH = 255
@@ -116,6 +117,7 @@ class ConveyorBackend(BaseTaskBackend):
             else:
                 result = self.get_result(result.id)
                 object.__setattr__(result, "created", False)
+                task_enqueue_replayed.send(type(self), task_result=result)
             results.append(result)
         return results
 

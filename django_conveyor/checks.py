@@ -16,6 +16,9 @@ from .conf import (
     ConveyorSettings,
     raw_settings,
 )
+from .schedules import check_cron
+
+__all__ = ["check_cron", "check_database", "check_settings"]
 
 
 def check_settings(**kwargs: Any) -> Iterable[checks.CheckMessage]:

@@ -25,6 +25,7 @@ DEFAULT_MAX_ATTEMPTS = 5
 DEFAULT_BACKOFF_BASE_SECONDS = 1.0
 DEFAULT_BACKOFF_CAP_SECONDS = 600.0
 DEFAULT_RETENTION_SECONDS = 7 * 24 * 3600.0
+DEFAULT_API_MAX_BODY_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -45,6 +46,13 @@ class ConveyorSettings:
     RETENTION_SECONDS: float = DEFAULT_RETENTION_SECONDS  # Finished jobs kept by pruning.
     # Sharding: queue name -> Django alias; other queues live in DATABASE.
     QUEUE_DATABASES: dict[str, str] = field(default_factory=dict)
+    # Periodic jobs: schedule name -> {schedule, task, ...}; see docs/cron.md.
+    CRON: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # HTTP API (docs/api.md): task paths or patterns the API may enqueue; none by default.
+    API_TASKS: tuple[str, ...] = ()
+    API_MAX_BODY_BYTES: int = DEFAULT_API_MAX_BODY_BYTES  # Larger POST bodies are refused.
+    # Metrics (docs/metrics.md): addresses or networks that may scrape without a key.
+    METRICS_ALLOWED_ADDRESSES: tuple[str, ...] = ()
 
     def database_for(self, queue: str) -> str:
         """The alias whose conveyor_job holds this queue's jobs."""
@@ -72,6 +80,10 @@ SETTING_TYPES: dict[str, tuple[type, ...]] = {
     "LISTENER_DSN": (str, type(None)),
     "RETENTION_SECONDS": _NUMBER,
     "QUEUE_DATABASES": (dict,),
+    "CRON": (dict,),
+    "API_TASKS": (list, tuple),
+    "API_MAX_BODY_BYTES": (int,),
+    "METRICS_ALLOWED_ADDRESSES": (list, tuple),
 }
 
 
@@ -87,6 +99,9 @@ def conveyor_settings() -> ConveyorSettings:
     values = {k: v for k, v in raw_settings().items() if k in known}
     if "QUEUE_DATABASES" in values:
         values["QUEUE_DATABASES"] = dict(values["QUEUE_DATABASES"])
+    for key in ("API_TASKS", "METRICS_ALLOWED_ADDRESSES"):
+        if key in values:
+            values[key] = tuple(values[key])
     for key in ("LEASE_SECONDS", "HEARTBEAT_SECONDS", "POLL_SECONDS", "REAP_SECONDS"):
         if key in values:
             values[key] = float(values[key])

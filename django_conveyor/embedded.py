@@ -15,6 +15,10 @@ re-owns the folder to its own account; one code path gives one lock, one
 owner and one way to stop whichever binaries started the server.  The server
 outlives the process so test runs, web server and workers share it.
 
+From a shell: ``python -m django_conveyor.embedded start|url|stop DIR`` (see
+:func:`main`) starts a development server and prints its URL, prints the URL
+of the one running in DIR, or stops it.
+
 For a Unix socket the URL carries the socket folder in django-environ's form,
 ``postgresql://postgres@:5432/%2Fdir/postgres`` -> ``HOST='/dir'`` (it
 leaves a percent-encoded host undecoded).  libpq would read that path as a
@@ -23,6 +27,7 @@ database name: hand libpq tools the Django settings or a ``tcp_port`` URL.
 
 from __future__ import annotations
 
+import argparse
 import fcntl
 import glob
 import hashlib
@@ -36,6 +41,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -91,7 +97,21 @@ def start(data_dir: StrPath, *, tcp_port: int | None = None) -> str:
                 f"The PostgreSQL in {data} is already running without TCP port {tcp_port}; "
                 "stop it first (django_conveyor.embedded.stop) or use another data folder."
             )
-    if tcp_port is not None or not server.socket_dir:
+    return _url(server, tcp=tcp_port is not None)
+
+
+def running_url(data_dir: StrPath) -> str | None:
+    """The URL of the server running in *data_dir*, or None; starts nothing."""
+    data = Path(data_dir).expanduser().resolve()
+    if not data.is_dir():
+        return None
+    with _locked(data):
+        server = _running(data)
+    return None if server is None else _url(server, tcp=server.listen == "127.0.0.1")
+
+
+def _url(server: _Server, *, tcp: bool) -> str:
+    if tcp or not server.socket_dir:
         return f"postgresql://{SUPERUSER}@127.0.0.1:{server.port}/{DATABASE}"
     return f"postgresql://{SUPERUSER}@:{server.port}/{quote(server.socket_dir, safe='')}/{DATABASE}"
 
@@ -309,3 +329,53 @@ def _start(data: Path, tcp_port: int | None) -> _Server:
     if server is None:
         raise ImproperlyConfigured(f"PostgreSQL in {data} started but does not answer.")
     return server
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m django_conveyor.embedded start|url|stop DIR``: a development database.
+
+    ``start`` starts (or reuses) the server of DIR and prints its URL, the
+    only line on stdout, so ``export DATABASE_URL="$(... start DIR)"`` works;
+    ``url`` prints the URL of the server running there (exit 1 if none);
+    ``stop`` stops it (exit 0 whether or not one was running).
+    """
+    parser = argparse.ArgumentParser(
+        prog="python -m django_conveyor.embedded",
+        description="Start, locate or stop a development PostgreSQL whose data lives in DIR.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    start_cmd = sub.add_parser("start", help="Start (or reuse) the server of DIR; print its URL.")
+    start_cmd.add_argument("dir", type=Path, help="Data folder (created if missing).")
+    start_cmd.add_argument(
+        "--port",
+        type=int,
+        default=None,
+        help="Also listen on 127.0.0.1:PORT and print a TCP URL (default: a Unix socket only).",
+    )
+    url_cmd = sub.add_parser("url", help="Print the URL of the server running in DIR.")
+    url_cmd.add_argument("dir", type=Path)
+    stop_cmd = sub.add_parser("stop", help="Stop the server of DIR.")
+    stop_cmd.add_argument("dir", type=Path)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+
+    if args.command == "start":
+        try:
+            print(start(args.dir, tcp_port=args.port))
+        except ImproperlyConfigured as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+        return 0
+    if args.command == "url":
+        if (url := running_url(args.dir)) is None:
+            print(f"error: no PostgreSQL is running in {args.dir}", file=sys.stderr)
+            return 1
+        print(url)
+        return 0
+    if not stop(args.dir):
+        print(f"no PostgreSQL was running in {args.dir}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

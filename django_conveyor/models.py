@@ -7,7 +7,7 @@ exist for reading (admin, get_result) and for migrations.
 from __future__ import annotations
 
 from django.db import models
-from django.db.models import Q
+from django.db.models import JSONField, Q, Value
 
 from .states import JobState
 
@@ -36,10 +36,21 @@ class Job(models.Model):
     enqueued_at = models.DateTimeField()
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    # Operator history: {"time", "actor", "action", "detail"}, appended by
+    # REQUEUE, CANCEL, REQUEST_CANCEL and CANCEL_HELD. The database default
+    # covers every INSERT statement, whoever writes it.
+    history = models.JSONField(default=list, db_default=Value([], JSONField()), blank=True)
+    # A cancel request on a running job (REQUEST_CANCEL); REQUEUE clears it.
+    cancel_requested_at = models.DateTimeField(null=True, blank=True)
+    cancel_requested_by = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
 
     class Meta:
         db_table = "conveyor_job"
         ordering = ["-id"]
+        permissions = [
+            ("operate", "Can requeue and cancel jobs and pause queues"),
+            ("view_payloads", "Can see job arguments, return values and tracebacks"),
+        ]
         indexes = [
             # The claim path: only ready rows, in claim order, so its cost
             # does not grow with finished history. Queue is a filter, not a
@@ -56,12 +67,28 @@ class Job(models.Model):
                 name="conveyor_job_reap_idx",
                 condition=Q(state="running"),
             ),
+            # Pruning and the dashboard's throughput chart read it; queue and
+            # state in the index spare them a heap visit per finished row.
             models.Index(
-                "finished_at",
+                fields=["finished_at", "queue"],
+                include=["state"],
                 name="conveyor_job_finished_idx",
                 condition=Q(state__in=["completed", "failed", "dead", "cancelled"]),
             ),
-            models.Index("state", "queue", name="conveyor_job_state_queue_idx"),
+            # The admin's filters, each in the list's order (newest first), so
+            # a page is an index range scan whatever the table's size. The
+            # state index also carries the queue, for counts per queue.
+            models.Index(fields=["state", "id"], include=["queue"], name="conveyor_job_state_idx"),
+            models.Index("queue", "id", name="conveyor_job_queue_id_idx"),
+            models.Index("task_path", "id", name="conveyor_job_task_id_idx"),
+            models.Index(
+                "id",
+                name="conveyor_job_dead_letter_idx",
+                condition=Q(state__in=["failed", "dead"]),
+            ),
+            # Counts per (state, queue) for /queues and the metrics, and the
+            # API's keyset pages: one range per (state, queue), in id order.
+            models.Index(fields=["state", "queue", "id"], name="conveyor_job_list_idx"),
         ]
         constraints = [
             models.CheckConstraint(condition=PRIORITY_RANGE, name="conveyor_job_priority_range"),
@@ -124,3 +151,129 @@ class LedgerEntry(models.Model):
 
     def __str__(self) -> str:
         return f"{self.effect_key} of job {self.job_id} (v{self.lease_version})"
+
+
+class MissedTicks(models.TextChoices):
+    """What a schedule does with ticks no scheduler enqueued in time (docs/cron.md)."""
+
+    LATEST = "latest", "latest: run the most recent missed tick once"
+    ALL = "all", "all: backfill every missed tick (capped)"
+    SKIP = "skip", "skip: drop missed ticks"
+
+
+class Cron(models.Model):
+    """One periodic schedule; its ticks become jobs through protocol.CRON_ENQUEUE."""
+
+    id = models.BigAutoField(primary_key=True)
+    name = models.CharField(max_length=100, unique=True)  # Part of every tick's job key.
+    schedule = models.CharField(max_length=255, help_text="A cron expression (5 or 6 fields).")
+    timezone = models.CharField(max_length=64, default="UTC", help_text="An IANA time zone.")
+    task_path = models.CharField(max_length=255)
+    args = models.JSONField(default=list, blank=True)
+    kwargs = models.JSONField(default=dict, blank=True)
+    queue = models.CharField(max_length=64, default="default")
+    priority = models.SmallIntegerField(default=0)
+    missed = models.CharField(max_length=8, choices=MissedTicks.choices, default="latest")
+    enabled = models.BooleanField(default=True)
+    # True while CONVEYOR["CRON"] declares it: settings own the row (read-only in the admin).
+    declared = models.BooleanField(default=False)
+    next_tick_at = models.DateTimeField(null=True, blank=True)  # The next tick not yet enqueued.
+    last_tick_at = models.DateTimeField(null=True, blank=True)  # The latest tick enqueued.
+    last_job_id = models.BigIntegerField(null=True, blank=True)  # The job of that tick.
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        db_table = "conveyor_cron"
+        ordering = ["name"]
+        verbose_name = "periodic schedule"
+        indexes = [
+            # The scheduler's only read: the due rows, and the earliest next tick.
+            models.Index("next_tick_at", name="conveyor_cron_due_idx", condition=Q(enabled=True)),
+        ]
+        constraints = [
+            models.CheckConstraint(condition=PRIORITY_RANGE, name="conveyor_cron_priority_range"),
+            models.CheckConstraint(
+                condition=Q(missed__in=[m.value for m in MissedTicks]),
+                name="conveyor_cron_missed_valid",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.schedule} {self.timezone})"
+
+
+class Dashboard(Queue):
+    """The console's overview page in the admin (a view over the queues)."""
+
+    class Meta:
+        proxy = True
+        verbose_name = "dashboard"
+        verbose_name_plural = "dashboard"
+
+
+class Worker(models.Model):
+    """A live (or recently stopped or lost) worker process, refreshed with its heartbeat.
+
+    Written only by the worker registry service (`registry.py`).
+    """
+
+    id = models.CharField(max_length=64, primary_key=True)  # The lease_owner it writes.
+    host = models.CharField(max_length=255)
+    pid = models.IntegerField()
+    queues = models.JSONField(default=list)
+    concurrency = models.IntegerField()
+    started_at = models.DateTimeField()
+    last_seen_at = models.DateTimeField()
+    leases_held = models.IntegerField(default=0)
+    version = models.CharField(max_length=32)  # django-conveyor's version.
+    stopped_at = models.DateTimeField(null=True, blank=True)  # A clean exit.
+
+    class Meta:
+        db_table = "conveyor_worker"
+        ordering = ["-started_at"]
+
+    def __str__(self) -> str:
+        return self.id
+
+
+API_SCOPES = ("enqueue", "read", "operate", "metrics")
+
+
+class ApiKey(models.Model):
+    """A key for the HTTP API and the metrics view: its secret is stored hashed, never in clear.
+
+    A key reads `cvk_<prefix>_<secret>`. The prefix is public and finds the
+    row; only the SHA-256 of the whole key is stored (see `apikeys.py`).
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    name = models.CharField(max_length=100)
+    prefix = models.CharField(max_length=16, unique=True)
+    secret_hash = models.CharField(max_length=64)  # hex SHA-256 of the whole key.
+    scopes = models.JSONField(default=list)
+    created_at = models.DateTimeField()
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "conveyor_api_key"
+        ordering = ["name", "id"]
+        verbose_name = "API key"
+        verbose_name_plural = "API keys"
+        constraints = [
+            # The actor recorded for a key's writes is "api:<name>": one live key per name.
+            models.UniqueConstraint(
+                fields=["name"],
+                condition=Q(revoked_at__isnull=True),
+                name="conveyor_api_key_live_name",
+            ),
+            models.CheckConstraint(
+                condition=Q(scopes__contained_by=list(API_SCOPES)),
+                name="conveyor_api_key_scopes_known",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        state = "revoked" if self.revoked_at else ", ".join(self.scopes) or "no scopes"
+        return f"{self.name} ({self.prefix}, {state})"

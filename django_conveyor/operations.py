@@ -5,7 +5,8 @@ Job state changes go through `protocol`; each function is one transaction.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 from django.db import connections, transaction
 from django.utils import timezone
@@ -14,23 +15,68 @@ from . import protocol
 from .compat import task_backends
 from .conf import conveyor_settings
 
+BATCH_SIZE = 1000  # Jobs per transaction in a bulk operation.
+
 
 def _database() -> str:
     return conveyor_settings().DATABASE
 
 
-def requeue(ids: Sequence[int], *, database: str | None = None) -> list[int]:
-    """Give failed, dead or cancelled jobs a fresh set of attempts; returns those changed."""
+def requeue(
+    ids: Sequence[int], *, database: str | None = None, actor: str = protocol.DEFAULT_ACTOR
+) -> list[int]:
+    """Give failed, dead or cancelled jobs a fresh set of attempts; returns those changed.
+
+    `actor` names who asked ("admin:<username>", "cli", "api:<key name>") in
+    each job's history.
+    """
     database = database or _database()
     with transaction.atomic(using=database), connections[database].cursor() as cursor:
-        return protocol.requeue(cursor, ids=list(ids), notify=conveyor_settings().NOTIFY)
+        return protocol.requeue(
+            cursor, ids=list(ids), notify=conveyor_settings().NOTIFY, actor=actor
+        )
 
 
-def cancel(ids: Sequence[int], *, database: str | None = None) -> list[int]:
+def cancel(
+    ids: Sequence[int], *, database: str | None = None, actor: str = protocol.DEFAULT_ACTOR
+) -> list[int]:
     """Cancel jobs that have not started; returns those changed."""
     database = database or _database()
     with transaction.atomic(using=database), connections[database].cursor() as cursor:
-        return protocol.cancel(cursor, ids=list(ids))
+        return protocol.cancel(cursor, ids=list(ids), actor=actor)
+
+
+def request_cancel(
+    ids: Sequence[int], *, database: str | None = None, actor: str = protocol.DEFAULT_ACTOR
+) -> list[int]:
+    """Ask the workers holding these running jobs to stop them; returns those asked.
+
+    The holder learns it with its next heartbeat and ends the job `cancelled`;
+    if the holder is gone, the reaper cancels the job when its lease expires.
+    """
+    database = database or _database()
+    with transaction.atomic(using=database), connections[database].cursor() as cursor:
+        return protocol.request_cancel(cursor, ids=list(ids), actor=actor)
+
+
+def in_batches(
+    action: Callable[..., list[int]], ids: Iterable[int], *, batch_size: int = BATCH_SIZE, **kw: Any
+) -> list[int]:
+    """Run a job operation over many ids, one transaction per batch; returns those changed.
+
+    Row locks are held for one batch at a time, so a bulk requeue of every
+    dead job never stalls the workers' claims for long.
+    """
+    changed: list[int] = []
+    batch: list[int] = []
+    for id_ in ids:
+        batch.append(id_)
+        if len(batch) >= batch_size:
+            changed += action(batch, **kw)
+            batch = []
+    if batch:
+        changed += action(batch, **kw)
+    return changed
 
 
 def known_queues() -> set[str]:

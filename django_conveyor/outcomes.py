@@ -20,7 +20,7 @@ def write_batch(cur: Cursor, owner: str, kind: str, outcomes: list[Outcome]) -> 
     if kind == executor.RETRY:
         failures = [(o.lease.id, o.lease.version, o.delay, o.error) for o in outcomes]
         states = protocol.retry(cur, owner=owner, failures=failures)
-        return {i: "dead" if state == "dead" else "retried" for i, state in states.items()}
+        return {i: "retried" if state == "available" else state for i, state in states.items()}
     if kind == executor.FAIL:
         failures = [(o.lease.id, o.lease.version, o.error) for o in outcomes]
         return dict.fromkeys(protocol.fail(cur, owner=owner, failures=failures), "failed")

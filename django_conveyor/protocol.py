@@ -12,6 +12,9 @@ States and the only transitions (DESIGN §3)::
     running --FAIL--> failed      running --RETRY / REAP (attempts used)--> dead
     blocked / available --CANCEL--> cancelled
     failed / dead / cancelled --REQUEUE--> available
+    running --REQUEST_CANCEL--> running, with a cancel request (no state change)
+    running with a cancel request --CANCEL_HELD (holder) / REAP (expired)--> cancelled
+    (a schedule's tick) --CRON_ENQUEUE--> available, with the row of conveyor_cron advanced
 
 The guard. Every CLAIM issues a new fencing token: `lease_version + 1`, with
 `lease_owner` set to the claiming worker. Every later write a worker makes
@@ -23,6 +26,16 @@ as a return value (log it, count it), never as an exception, except inside
 `context.atomic()`, where the handler must stop. Every write that ends a
 lease (RETRY, FAIL, SNOOZE, RELEASE, REAP) clears `lease_owner`; only CLAIM
 bumps `lease_version`; a COMPLETE row keeps the owner that completed it.
+
+Cancelling a running job is cooperative. REQUEST_CANCEL only records the
+request (`cancel_requested_at`, `cancel_requested_by`); HEARTBEAT reports it
+to the holder, which stops the handler and writes CANCEL_HELD under its
+token, so the handler's own outcome then matches zero rows. From the request
+on, LOCK_FOR_EFFECT refuses the job (no effect commits after a cancel), and
+a lease that expires instead is reaped to `cancelled`. REQUEUE clears it.
+
+Operators leave a trace: REQUEUE, CANCEL, REQUEST_CANCEL and CANCEL_HELD
+append `{"time", "actor", "action", "detail"}` to the job's `history`.
 
 The clock. Leases are compared with the database's `now()`, never a
 worker's clock, so clock skew between hosts cannot break them. REAP takes
@@ -41,13 +54,23 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from .exceptions import IdempotencyKeyReused
 from .states import JobState
 
 NOTIFY_CHANNEL = "conveyor"
+DEFAULT_ACTOR = "code"  # Who changed a job, when the caller does not say.
+
+
+def _history(action: str, detail: str) -> str:
+    """SQL for a one-entry history array; `detail` is an SQL text expression."""
+    return (
+        "jsonb_build_array(jsonb_build_object('time', now(), 'actor', %(actor)s::text, "
+        f"'action', '{action}', 'detail', {detail}))"
+    )
+
 
 _ENQUEUE_COLUMNS = """
     task_path text, args jsonb, kwargs jsonb, queue text, backend text, priority int,
@@ -107,6 +130,7 @@ _HELD = "FROM jsonb_to_recordset(%(held)s::jsonb) AS h(id bigint, version bigint
 
 # SKIP LOCKED: a row locked by the worker's own open context.atomic() must not
 # stall the heartbeat of every other lease; the lock itself keeps the reaper off.
+# A renewed job with a cancel request is reported, so its holder can stop it.
 HEARTBEAT = """
 WITH renew AS (
     SELECT j.id
@@ -120,7 +144,7 @@ UPDATE conveyor_job AS j
 SET lease_expires_at = now() + make_interval(secs => %(lease)s)
 FROM renew
 WHERE j.id = renew.id
-RETURNING j.id
+RETURNING j.id, j.cancel_requested_at IS NOT NULL
 """
 
 COMPLETE = f"""
@@ -143,13 +167,22 @@ RETURNING j.id
 """
 
 _ERROR_ENTRY = """jsonb_build_array(h.error || jsonb_build_object(
-        'attempt', j.attempt, 'worker', j.lease_owner, 'token', j.lease_version, 'time', now()))"""
+        'attempt', j.attempt, 'worker', j.lease_owner, 'token', j.lease_version,
+        'started_at', j.started_at, 'time', now()))"""
+
+# RETRY, SNOOZE and RELEASE hand a running job back; one with a cancel
+# request ends cancelled instead, so that it never runs again (as REAP does):
+# the handler may have ended before its worker's heartbeat told it.
+_HAND_BACK = "CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled' ELSE 'available' END"
+_HANDED_BACK_AT = "CASE WHEN j.cancel_requested_at IS NOT NULL THEN now() END"
 
 RETRY = f"""
 UPDATE conveyor_job AS j
-SET state = CASE WHEN j.attempt >= j.max_attempts THEN 'dead' ELSE 'available' END,
+SET state = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
+                 WHEN j.attempt >= j.max_attempts THEN 'dead' ELSE 'available' END,
     run_after = now() + make_interval(secs => h.delay),
-    finished_at = CASE WHEN j.attempt >= j.max_attempts THEN now() END,
+    finished_at = CASE WHEN j.cancel_requested_at IS NOT NULL
+                         OR j.attempt >= j.max_attempts THEN now() END,
     errors = j.errors || {_ERROR_ENTRY},
     lease_owner = NULL, lease_expires_at = NULL
 {_HELD}, delay float8, error jsonb)
@@ -170,7 +203,7 @@ RETURNING j.id
 
 SNOOZE = f"""
 UPDATE conveyor_job AS j
-SET state = 'available', attempt = j.attempt - 1,
+SET state = {_HAND_BACK}, finished_at = {_HANDED_BACK_AT}, attempt = j.attempt - 1,
     run_after = now() + make_interval(secs => h.delay), lease_owner = NULL, lease_expires_at = NULL
 {_HELD}, delay float8)
 WHERE j.id = h.id AND j.state = 'running'
@@ -180,17 +213,20 @@ RETURNING j.id
 
 RELEASE = f"""
 UPDATE conveyor_job AS j
-SET state = 'available', attempt = j.attempt - 1, lease_owner = NULL, lease_expires_at = NULL
+SET state = {_HAND_BACK}, finished_at = {_HANDED_BACK_AT}, attempt = j.attempt - 1,
+    lease_owner = NULL, lease_expires_at = NULL
 {_HELD})
 WHERE j.id = h.id AND j.state = 'running'
   AND j.lease_owner = %(owner)s AND j.lease_version = h.version
 RETURNING j.id
 """
 
+# A cancel request refuses the lock: no effect commits after an operator's cancel.
 LOCK_FOR_EFFECT = """
 SELECT id FROM conveyor_job
 WHERE id = %(id)s AND state = 'running'
   AND lease_owner = %(owner)s AND lease_version = %(version)s
+  AND cancel_requested_at IS NULL
 FOR UPDATE
 """
 
@@ -203,39 +239,85 @@ WITH expired AS (
     FOR UPDATE SKIP LOCKED
 )
 UPDATE conveyor_job AS j
-SET state = CASE WHEN j.attempt >= j.max_attempts THEN 'dead' ELSE 'available' END,
-    finished_at = CASE WHEN j.attempt >= j.max_attempts THEN now() END,
+SET state = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
+                 WHEN j.attempt >= j.max_attempts THEN 'dead' ELSE 'available' END,
+    finished_at = CASE WHEN j.cancel_requested_at IS NOT NULL
+                         OR j.attempt >= j.max_attempts THEN now() END,
     run_after = now(),
     lease_owner = NULL,
     lease_expires_at = NULL,
     errors = j.errors || jsonb_build_array(jsonb_build_object(
         'attempt', j.attempt, 'worker', j.lease_owner, 'token', j.lease_version,
-        'exception_class_path', 'django_conveyor.exceptions.LeaseLost',
-        'traceback', 'The lease expired at ' || j.lease_expires_at
-            || ' without a heartbeat; the job was taken back by the reaper.',
+        'started_at', j.started_at,
+        'exception_class_path', CASE WHEN j.cancel_requested_at IS NOT NULL
+            THEN 'django_conveyor.exceptions.Cancelled'
+            ELSE 'django_conveyor.exceptions.LeaseLost' END,
+        'traceback', 'The lease expired at ' || j.lease_expires_at || CASE
+            WHEN j.cancel_requested_at IS NOT NULL
+            THEN ' after a cancel request by ' || j.cancel_requested_by
+                || '; the reaper cancelled the job.'
+            ELSE ' without a heartbeat; the job was taken back by the reaper.' END,
         'time', now()))
 FROM expired
 WHERE j.id = expired.id
 RETURNING j.id, j.state, j.task_path, j.queue, j.attempt, expired.lease_owner, j.lease_version
 """
 
-REQUEUE = """
+REQUEUE = f"""
 UPDATE conveyor_job
 SET state = 'available', attempt = 0, run_after = now(), finished_at = NULL,
-    lease_expires_at = NULL, return_value = NULL
+    lease_expires_at = NULL, return_value = NULL,
+    cancel_requested_at = NULL, cancel_requested_by = NULL,
+    history = history || {_history("requeue", "'was ' || state")}
 WHERE id = ANY(%(ids)s) AND state IN ('failed', 'dead', 'cancelled')
 RETURNING id, queue
 """
 
-CANCEL = """
+CANCEL = f"""
 UPDATE conveyor_job
 SET state = 'cancelled', finished_at = now(),
     errors = errors || jsonb_build_array(jsonb_build_object(
         'attempt', attempt, 'worker', NULL, 'token', lease_version,
         'exception_class_path', 'django_conveyor.exceptions.Cancelled',
-        'traceback', 'Cancelled before it ran.', 'time', now()))
+        'traceback', 'Cancelled before it ran, by ' || %(actor)s::text || '.', 'time', now())),
+    history = history || {_history("cancel", "'was ' || state")}
 WHERE id = ANY(%(ids)s) AND state IN ('blocked', 'available')
 RETURNING id
+"""
+
+# Any token: the operator does not hold the lease. The first request stands.
+REQUEST_CANCEL = f"""
+UPDATE conveyor_job
+SET cancel_requested_at = now(), cancel_requested_by = %(actor)s::text,
+    history = history || {
+    _history(
+        "request_cancel",
+        "'running on ' || COALESCE(lease_owner, '?') || ' (token ' || lease_version || ')'",
+    )
+}
+WHERE id = ANY(%(ids)s) AND state = 'running' AND cancel_requested_at IS NULL
+RETURNING id
+"""
+
+CANCEL_HELD = f"""
+UPDATE conveyor_job AS j
+SET state = 'cancelled', finished_at = now(),
+    errors = j.errors || jsonb_build_array(jsonb_build_object(
+        'attempt', j.attempt, 'worker', j.lease_owner, 'token', j.lease_version,
+        'started_at', j.started_at,
+        'exception_class_path', 'django_conveyor.exceptions.Cancelled',
+        'traceback', 'Cancelled while running, at the request of '
+            || j.cancel_requested_by || '.',
+        'time', now())),
+    history = j.history || {
+    _history("cancel_held", "'stopped while running, as ' || j.cancel_requested_by || ' asked'")
+},
+    lease_owner = NULL, lease_expires_at = NULL
+{_HELD})
+WHERE j.id = h.id AND j.state = 'running'
+  AND j.lease_owner = %(owner)s AND j.lease_version = h.version
+  AND j.cancel_requested_at IS NOT NULL
+RETURNING j.id
 """
 
 PRUNE = """
@@ -255,6 +337,44 @@ DELETE FROM conveyor_job AS j USING doomed WHERE j.id = doomed.id
 """
 
 NOTIFY = "SELECT pg_notify(%(channel)s, %(queue)s)"
+
+# One tick of a periodic schedule: the job and the schedule's advance commit
+# together or not at all. The row guard (enabled, next_tick_at = the tick the
+# caller computed from) makes a racing or stale scheduler write nothing; the
+# tick's idempotency key makes a second job for the same tick impossible even
+# if a row was reset by hand. SKIP LOCKED: a scheduler never waits for another.
+CRON_ROW_GUARD = """
+WITH due AS (
+    SELECT id FROM conveyor_cron
+    WHERE id = %(cron_id)s AND enabled AND next_tick_at = %(expected)s
+    FOR UPDATE SKIP LOCKED
+)"""
+
+CRON_ENQUEUE = f"""{CRON_ROW_GUARD}, inserted AS (
+    INSERT INTO conveyor_job (
+        task_path, args, kwargs, queue, backend, priority, state, attempt, max_attempts,
+        run_after, lease_version, idempotency_key, errors, enqueued_at
+    )
+    SELECT %(task_path)s, %(args)s::jsonb, %(kwargs)s::jsonb, %(queue)s, %(backend)s,
+           %(priority)s, 'available', 0, %(max_attempts)s, %(tick)s, 0, %(key)s, '[]'::jsonb,
+           now()
+    FROM due
+    ON CONFLICT (idempotency_key) DO NOTHING
+    RETURNING id, queue, run_after
+), advanced AS (
+    UPDATE conveyor_cron AS c
+    SET last_tick_at = %(tick)s, next_tick_at = %(next_tick)s,
+        last_job_id = COALESCE(
+            (SELECT id FROM inserted),
+            (SELECT id FROM conveyor_job WHERE idempotency_key = %(key)s))
+    FROM due
+    WHERE c.id = due.id
+    RETURNING c.last_job_id
+)
+SELECT a.last_job_id, i.id IS NOT NULL,
+       CASE WHEN %(notify)s AND i.run_after <= now() THEN pg_notify(%(channel)s, i.queue) END
+FROM advanced AS a LEFT JOIN inserted AS i ON true
+"""
 
 
 class Cursor(Protocol):
@@ -418,15 +538,27 @@ def claim(
     return [Lease(*row) for row in cursor.fetchall()]
 
 
+class Renewed(set[int]):
+    """The ids HEARTBEAT renewed; `cancel_requested` are those an operator asked to stop."""
+
+    def __init__(self, rows: Iterable[tuple[int, bool]] = ()) -> None:
+        rows = list(rows)
+        super().__init__(id_ for id_, _ in rows)
+        self.cancel_requested = frozenset(id_ for id_, requested in rows if requested)
+
+
 def heartbeat(
     cursor: Cursor, *, owner: str, held: Iterable[tuple[int, int]], lease_seconds: float
-) -> set[int]:
-    """Renew every lease the worker holds; a job missing from the result is lost."""
+) -> Renewed:
+    """Renew every lease the worker holds; a job missing from the result is lost.
+
+    The result also says which renewed jobs have a cancel request.
+    """
     held = [{"id": id_, "version": version} for id_, version in held]
     if not held:
-        return set()
+        return Renewed()
     cursor.execute(HEARTBEAT, {"held": _json(held), "owner": owner, "lease": lease_seconds})
-    return {row[0] for row in cursor.fetchall()}
+    return Renewed(cursor.fetchall())
 
 
 def complete(cursor: Cursor, *, owner: str, done: Iterable[tuple[int, int, Any]]) -> set[int]:
@@ -473,20 +605,30 @@ def release(cursor: Cursor, *, owner: str, held: Iterable[tuple[int, int]]) -> s
 
 
 def lock_for_effect(cursor: Cursor, *, job_id: int, owner: str, version: int) -> bool:
-    """Lock the job row for the caller's transaction if the token still holds it."""
+    """Lock the job row for the caller's transaction if the token still holds it.
+
+    False when the token lost the job or an operator asked to cancel it.
+    """
     cursor.execute(LOCK_FOR_EFFECT, {"id": job_id, "owner": owner, "version": version})
     return bool(cursor.fetchall())
 
 
 def reap(cursor: Cursor, *, limit: int = 500) -> list[Reaped]:
-    """Take back expired leases: to `available`, or `dead` when attempts are used up."""
+    """Take back expired leases: to `available`, `dead` when attempts are used up,
+    or `cancelled` when an operator asked to cancel the job."""
     cursor.execute(REAP, {"limit": limit})
     return [Reaped(*row) for row in cursor.fetchall()]
 
 
-def requeue(cursor: Cursor, *, ids: Sequence[int], notify: bool = True) -> list[int]:
-    """Give failed, dead or cancelled jobs a fresh set of attempts."""
-    cursor.execute(REQUEUE, {"ids": list(ids)})
+def requeue(
+    cursor: Cursor, *, ids: Sequence[int], notify: bool = True, actor: str = DEFAULT_ACTOR
+) -> list[int]:
+    """Give failed, dead or cancelled jobs a fresh set of attempts.
+
+    Guard: state failed, dead or cancelled; other ids are left alone and
+    missing from the result. Clears a cancel request; notes it in history.
+    """
+    cursor.execute(REQUEUE, {"ids": list(ids), "actor": actor})
     rows = cursor.fetchall()
     if notify:
         for queue in sorted({queue for _, queue in rows}):
@@ -494,10 +636,38 @@ def requeue(cursor: Cursor, *, ids: Sequence[int], notify: bool = True) -> list[
     return [id_ for id_, _ in rows]
 
 
-def cancel(cursor: Cursor, *, ids: Sequence[int]) -> list[int]:
-    """Cancel jobs that have not started (blocked or available)."""
-    cursor.execute(CANCEL, {"ids": list(ids)})
+def cancel(cursor: Cursor, *, ids: Sequence[int], actor: str = DEFAULT_ACTOR) -> list[int]:
+    """Cancel jobs that have not started (blocked or available).
+
+    Guard: state blocked or available; others are missing from the result.
+    """
+    cursor.execute(CANCEL, {"ids": list(ids), "actor": actor})
     return [row[0] for row in cursor.fetchall()]
+
+
+def request_cancel(cursor: Cursor, *, ids: Sequence[int], actor: str = DEFAULT_ACTOR) -> list[int]:
+    """Ask the workers holding these running jobs to stop them; no state changes.
+
+    Guard: state running and no earlier request; any token. Zero rows means
+    the job is not running (any more) or was already asked to stop.
+    """
+    cursor.execute(REQUEST_CANCEL, {"ids": list(ids), "actor": actor})
+    return [row[0] for row in cursor.fetchall()]
+
+
+def cancel_held(
+    cursor: Cursor, *, owner: str, held: Iterable[tuple[int, int]], actor: str = DEFAULT_ACTOR
+) -> set[int]:
+    """The holder honours cancel requests: its jobs become `cancelled`.
+
+    Guard: state running, owner and version (the token), and a cancel
+    request. Zero rows means the lease was lost, or there was no request.
+    """
+    rows = [{"id": i, "version": v} for i, v in held]
+    if not rows:
+        return set()
+    cursor.execute(CANCEL_HELD, {"held": _json(rows), "owner": owner, "actor": actor})
+    return {row[0] for row in cursor.fetchall()}
 
 
 def prune(cursor: Cursor, *, older_than_seconds: float, queues: Sequence[str], limit: int) -> int:
@@ -506,6 +676,60 @@ def prune(cursor: Cursor, *, older_than_seconds: float, queues: Sequence[str], l
         PRUNE, {"older_than": older_than_seconds, "queues": list(queues), "limit": limit}
     )
     return cursor.rowcount
+
+
+@dataclass(frozen=True, slots=True)
+class CronTick:
+    job_id: int | None  # The tick's job: new, or the one its key already named.
+    created: bool  # False when the tick's key already named a job.
+
+
+def cron_key(name: str, tick: datetime) -> str:
+    """The idempotency key of one tick: `cron:<schedule name>:<tick in UTC, ISO 8601>`."""
+    return f"cron:{name}:{tick.astimezone(UTC).replace(tzinfo=None).isoformat()}Z"
+
+
+def cron_enqueue(
+    cursor: Cursor,
+    *,
+    cron_id: int,
+    name: str,
+    expected: datetime,
+    tick: datetime,
+    next_tick: datetime | None,
+    job: NewJob,
+    notify: bool,
+) -> CronTick | None:
+    """Enqueue the job of one tick and advance its schedule, in one statement.
+
+    Guard: the schedule is enabled, its `next_tick_at` is still `expected`
+    (the tick this pass computed from) and no other scheduler holds its row.
+    The job gets the key `cron_key(name, tick)` and `run_after = tick`; the
+    row gets `last_tick_at = tick`, `next_tick_at = next_tick` and the job's
+    id. Zero rows (None) means another scheduler advanced the row or is
+    doing so now, or it was disabled or changed: nothing was written.
+    """
+    cursor.execute(
+        CRON_ENQUEUE,
+        {
+            "cron_id": cron_id,
+            "expected": expected,
+            "tick": tick,
+            "next_tick": next_tick,
+            "task_path": job.task_path,
+            "args": _json(job.args),
+            "kwargs": _json(job.kwargs),
+            "queue": job.queue,
+            "backend": job.backend,
+            "priority": job.priority,
+            "max_attempts": job.max_attempts,
+            "key": cron_key(name, tick),
+            "notify": notify,
+            "channel": NOTIFY_CHANNEL,
+        },
+    )
+    rows = cursor.fetchall()
+    return CronTick(rows[0][0], bool(rows[0][1])) if rows else None
 
 
 def _guarded(cursor: Cursor, sql: str, owner: str, held: list[dict[str, Any]]) -> set[int]:
@@ -530,6 +754,9 @@ ACTIONS = {
     "REQUEUE": requeue,
     "CANCEL": cancel,
     "PRUNE": prune,
+    "REQUEST_CANCEL": request_cancel,
+    "CANCEL_HELD": cancel_held,
+    "CRON_ENQUEUE": cron_enqueue,
 }
 
-__all__ = ["ACTIONS", "JobState", "Lease", "NewJob", "Reaped"]
+__all__ = ["ACTIONS", "JobState", "Lease", "NewJob", "Reaped", "Renewed"]

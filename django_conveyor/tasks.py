@@ -8,9 +8,12 @@ task class itself instead of relying on keyword forwarding.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
+
+from django.utils.module_loading import autodiscover_modules
 
 from .compat import (
     DEFAULT_TASK_BACKEND_ALIAS,
@@ -26,6 +29,9 @@ if TYPE_CHECKING:
 OPTION_NAMES = ("max_attempts", "timeout", "backoff_base", "backoff_cap", "idempotency_key")
 # Read by the worker from the task itself, so a per-call value could not reach it.
 PER_TASK_OPTIONS = ("timeout", "backoff_base", "backoff_cap")
+TASK_MODULE_NAME = "tasks"  # Imported in every installed app to list its tasks.
+
+_known_task_paths: set[str] = set()  # Every ConveyorTask built in this process.
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -35,6 +41,10 @@ class ConveyorTask(Task):
     backoff_base: float | None = None  # Seconds; ceiling of the first retry's delay.
     backoff_cap: float | None = None  # Seconds; no retry waits longer.
     idempotency_key: str | None = None  # Set per call with .using(); one job per key.
+
+    def __post_init__(self) -> None:
+        Task.__post_init__(self)  # No bare super(): slotted dataclasses lose its cell.
+        _known_task_paths.add(self.module_path)
 
     def using(self, *, idempotency_key: str | None = None, **changes: Any) -> ConveyorTask:
         """Like Task.using(), plus `max_attempts` and `idempotency_key` per call."""
@@ -56,6 +66,21 @@ class ConveyorTask(Task):
     ) -> list[ConveyorTaskResult]:
         """Enqueue many calls of this task in one statement (and one NOTIFY)."""
         return self.get_backend().enqueue_many(self, calls)
+
+
+def known_task_paths() -> list[str]:
+    """The task paths this process knows, after importing each app's `tasks` module.
+
+    The admin's task filter reads this registry instead of a DISTINCT scan
+    of `conveyor_job`.
+    """
+    _discover_task_modules()
+    return sorted(_known_task_paths)
+
+
+@functools.cache
+def _discover_task_modules() -> None:
+    autodiscover_modules(TASK_MODULE_NAME)
 
 
 def task(

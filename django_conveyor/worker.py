@@ -34,6 +34,7 @@ from .executor import Outcome
 from .listener import Listener
 from .logs import log_job
 from .outcomes import write_batch
+from .scheduler import SchedulerService
 from .slots import Held, SlotPool
 
 logger = logging.getLogger("django_conveyor.worker")
@@ -78,6 +79,7 @@ class WorkerOptions:
     prefetch: int | None = None
     max_jobs: int | None = None  # Exit after this many attempts finished.
     worker_id: str | None = None
+    cron: bool = True  # Run the scheduler service (periodic jobs); --no-cron turns it off.
     stop_signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT)
 
 
@@ -121,6 +123,7 @@ class Worker:
         self.conn: psycopg.Connection | None = None
         self.signals_seen = 0
         self.finished_attempts = 0
+        self.scheduler = SchedulerService(database=self.database) if options.cron else None
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -194,6 +197,8 @@ class Worker:
                     self.reap()
                     next_reap = now + self.reap_seconds
                 self.expire_timeouts()
+                if self.scheduler is not None and self.scheduler.due(now):
+                    self.run_scheduler()
                 claimed = self.cycle()
                 failures = 0
             except Exception as exc:  # The loop logs and carries on.
@@ -216,6 +221,8 @@ class Worker:
                 logger.info("burst: nothing ready and nothing held, exiting")
                 break
             timeout = min(self.poll_seconds, max(next_heartbeat - time.monotonic(), 0.0))
+            if self.scheduler is not None:
+                timeout = min(timeout, self.scheduler.seconds_until_due(time.monotonic()))
             self.wake_event.wait(timeout)
 
     def idle(self) -> bool:
@@ -330,6 +337,22 @@ class Worker:
                 )
             self.stats.add("timed_out")
             log_job(logger, logging.WARNING, held.lease, "timed out after %gs", held.timeout)
+
+    def run_scheduler(self) -> None:
+        """One pass of the scheduler service; its own errors never stop the loop."""
+        assert self.scheduler is not None
+        try:
+            with self.cursor() as cur:
+                counts = self.scheduler.run_once(cur)
+        except psycopg.OperationalError:
+            raise  # The connection: the loop reconnects.
+        except Exception:
+            logger.exception("scheduler pass failed; next one in %.1fs", self.scheduler.interval)
+            self.scheduler.failed()
+            return
+        for name, value in counts._asdict().items():
+            if value:
+                self.stats.add(name, value)
 
     # -- outcomes -------------------------------------------------------------
 

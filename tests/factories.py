@@ -2,8 +2,10 @@
 
 import factory
 from django.utils import timezone
+from django.utils import timezone as dj_timezone
 
-from django_conveyor.models import Job, LedgerEntry
+from django_conveyor.cronexpr import Schedule
+from django_conveyor.models import Cron, Job, LedgerEntry
 
 
 class JobFactory(factory.django.DjangoModelFactory):
@@ -106,3 +108,22 @@ class LedgerEntryFactory(factory.django.DjangoModelFactory):
     lease_version = 1
     worker = "worker-a"
     applied_at = factory.LazyFunction(timezone.now)
+
+
+class CronFactory(factory.django.DjangoModelFactory):
+    """A schedule as settings sync or the admin leave it: next tick after `created`."""
+
+    class Meta:
+        model = Cron
+        exclude = ("created",)
+
+    name = factory.Sequence(lambda n: f"schedule-{n}")
+    schedule = "* * * * *"
+    timezone = "UTC"  # The field; the class body shadows django.utils.timezone.
+    task_path = "tests.testapp.tasks.noop"
+    queue = "default"
+    missed = "latest"
+    created = factory.LazyFunction(dj_timezone.now)
+    next_tick_at = factory.LazyAttribute(
+        lambda o: Schedule(o.schedule, o.timezone).next_after(o.created)
+    )

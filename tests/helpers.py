@@ -8,14 +8,18 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
+import psycopg
 from django.db import connection, connections
+from psycopg.conninfo import make_conninfo
 
 from django_conveyor import executor
 from django_conveyor.conf import conveyor_settings
+from django_conveyor.dbconn import connection_params
 from django_conveyor.models import Job
 from django_conveyor.worker import Worker, WorkerOptions
 
@@ -54,6 +58,12 @@ def state_of(job_id: int | str) -> str:
     return Job.objects.get(pk=int(job_id)).state
 
 
+def direct_dsn() -> str | None:
+    """The test database, bypassing PgBouncer when the suite runs behind one."""
+    base = os.environ.get("CONVEYOR_TEST_DIRECT_DSN")
+    return make_conninfo(base, dbname=connection.settings_dict["NAME"]) if base else None
+
+
 def worker_env() -> dict[str, str]:
     env = dict(os.environ)
     env["DJANGO_SETTINGS_MODULE"] = "tests.settings"
@@ -75,6 +85,15 @@ def start_worker(*args: str, log: Path | None = None) -> subprocess.Popen[bytes]
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
+
+
+def start_logged_worker(
+    procs: list[subprocess.Popen[bytes]], tmp_path: Path, name: str, *args: str
+) -> subprocess.Popen[bytes]:
+    """A worker of the queue "default" logging to tmp_path/<name>.log, killed after the test."""
+    proc = start_worker("--queues", "default", *args, log=tmp_path / f"{name}.log")
+    procs.append(proc)
+    return proc
 
 
 def stop_process(
@@ -99,3 +118,30 @@ def kill_group(proc: subprocess.Popen[bytes]) -> None:
         except ProcessLookupError:
             pass
         proc.wait(10)
+
+
+def database_url(name: str) -> str:
+    """DATABASE_URL for database *name* on the suite's server, in django-environ's form."""
+    s = connection.settings_dict
+    port = s.get("PORT") or 5432
+    if not s.get("HOST") or s["HOST"].startswith("/"):
+        return f"postgresql://{quote(s['USER'])}@:{port}/{quote(s['HOST'] or '', safe='')}/{name}"
+    password = f":{quote(s['PASSWORD'])}" if s.get("PASSWORD") else ""
+    return f"postgresql://{quote(s['USER'])}{password}@{s['HOST']}:{port}/{name}"
+
+
+@contextlib.contextmanager
+def scratch_database(name: str) -> Iterator[str]:
+    """A new, empty database on the suite's server, dropped afterwards; yields its URL."""
+
+    def admin(sql: str) -> None:
+        params = {**connection_params("default"), "dbname": "postgres"}
+        with psycopg.connect(**params, autocommit=True) as conn:
+            conn.execute(sql)
+
+    admin(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    admin(f"CREATE DATABASE {name}")
+    try:
+        yield database_url(name)
+    finally:
+        admin(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")

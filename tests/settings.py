@@ -30,6 +30,7 @@ TIME_ZONE = "UTC"
 ALLOWED_HOSTS = ["*"]
 ROOT_URLCONF = "tests.urls"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+STATIC_URL = "static/"  # The live server needs one.
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -37,6 +38,7 @@ INSTALLED_APPS = [
     "django.contrib.contenttypes",
     "django.contrib.sessions",
     "django.contrib.messages",
+    "django.contrib.staticfiles",  # The browser tests' live server serves the admin's CSS.
     "django_conveyor",
     "tests.testapp",
 ]
@@ -81,6 +83,13 @@ CONVEYOR = {
     "BACKOFF_BASE_SECONDS": 0.05,
     "BACKOFF_CAP_SECONDS": 0.2,
     "QUEUE_DATABASES": {"other": "shard"},
+    # The HTTP API may enqueue these; every other task (always_fails, ...) is refused.
+    "API_TASKS": [
+        "tests.testapp.tasks.add",
+        "tests.testapp.tasks.send_email",
+        "tests.testapp.tasks.apply_once",
+        "tests.testapp.tasks.fails_*",
+    ],
 }
 
 # Worker processes started by the tests connect to the test database by name.
@@ -88,3 +97,20 @@ if os.environ.get("CONVEYOR_DB_NAME"):
     DATABASES["default"]["NAME"] = os.environ["CONVEYOR_DB_NAME"]
 if os.environ.get("CONVEYOR_SHARD_DB_NAME"):
     DATABASES["shard"]["NAME"] = os.environ["CONVEYOR_SHARD_DB_NAME"]
+
+# Behind PgBouncer in transaction mode (tests/pgbouncer/run.py sets these):
+# the configuration docs/worker.md documents as tested. DATABASE_URL then
+# points at PgBouncer and CONVEYOR_TEST_DIRECT_DSN at the server itself.
+POOLER = os.environ.get("CONVEYOR_TEST_POOLER")  # "poll-only" or "listener-dsn"
+if POOLER:
+    from psycopg.conninfo import make_conninfo
+
+    for alias in DATABASES.values():
+        alias["DISABLE_SERVER_SIDE_CURSORS"] = True
+    if POOLER == "poll-only":
+        CONVEYOR["LISTEN"] = False
+    else:
+        # NOTIFY reaches listeners of its own database: the test database.
+        name = os.environ.get("CONVEYOR_DB_NAME") or DATABASES["default"]["TEST"]["NAME"]
+        direct = os.environ["CONVEYOR_TEST_DIRECT_DSN"]
+        CONVEYOR["LISTENER_DSN"] = make_conninfo(direct, dbname=name)

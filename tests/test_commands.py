@@ -57,3 +57,9 @@ def test_pause_resume_and_list(capsys):
     assert not Queue.objects.get(name="emails").paused
     with pytest.raises(CommandError, match="Unknown queue"):
         call_command("conveyor_queues", "pause", "nope")
+
+
+def test_the_commands_sign_the_jobs_history_as_cli():
+    dead = JobFactory(dead=True)
+    call_command("conveyor_jobs", "requeue", "--ids", str(dead.id))
+    assert Job.objects.get(pk=dead.id).history[-1]["actor"] == "cli"

@@ -202,3 +202,44 @@ def test_root_without_an_unprivileged_account_is_told_so(
     monkeypatch.setattr(embedded, "SERVER_USERS", ("conveyor-no-such-user",))
     with pytest.raises(ImproperlyConfigured, match="refuses to run as root"):
         embedded.database_url(tmp_path / "pg")
+
+
+def _cli(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "django_conveyor.embedded", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_command_line_starts_locates_and_stops_a_development_server(new_data_dir) -> None:
+    data = new_data_dir()
+    started = _cli("start", data)
+    assert started.returncode == 0, started.stderr
+    url = started.stdout.strip()  # the only line on stdout: `export DATABASE_URL="$(...)"`
+    assert url == embedded.running_url(data)
+    assert _django_select_1(url) == 1
+
+    located = _cli("url", data)
+    assert (located.returncode, located.stdout.strip()) == (0, url)
+
+    stopped = _cli("stop", data)
+    assert stopped.returncode == 0, stopped.stderr
+    assert not (data / "postmaster.pid").exists()
+    gone = _cli("url", data)
+    assert gone.returncode == 1
+    assert gone.stdout == ""
+    assert f"no PostgreSQL is running in {data}" in gone.stderr
+    assert _cli("stop", data).returncode == 0  # stopping twice is fine
+
+
+def test_command_line_start_with_a_port_prints_a_tcp_url(new_data_dir) -> None:
+    data = new_data_dir()
+    port = _free_port()
+    started = _cli("start", data, "--port", str(port))
+    assert started.returncode == 0, started.stderr
+    assert started.stdout.strip() == f"postgresql://postgres@127.0.0.1:{port}/postgres"
+    assert _cli("url", data).stdout.strip() == started.stdout.strip()
+    with psycopg.connect(started.stdout.strip(), connect_timeout=5) as conn:  # libpq reads it too
+        assert conn.execute("SELECT 1").fetchone() == (1,)

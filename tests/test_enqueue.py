@@ -17,7 +17,7 @@ from django_conveyor.exceptions import ArgumentsNotSerializable, IdempotencyKeyR
 from django_conveyor.models import Job
 from django_conveyor.tasks import task
 from tests.factories import JobFactory
-from tests.helpers import run_burst
+from tests.helpers import direct_dsn, run_burst
 from tests.testapp import tasks
 from tests.testapp.models import Effect
 
@@ -26,7 +26,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 @pytest.fixture
 def listener():
-    with connect("default") as conn:
+    with connect("default", dsn=direct_dsn()) as conn:  # LISTEN needs a direct connection
         conn.execute("LISTEN conveyor")
         yield conn
 

@@ -11,25 +11,12 @@ import pytest
 from django.db.models import Count
 
 from django_conveyor.models import Job, LedgerEntry
-from tests.helpers import REPO, kill_group, start_worker, stop_process, wait_until, worker_env
+from tests.helpers import REPO, stop_process, wait_until, worker_env
+from tests.helpers import start_logged_worker as worker
 from tests.testapp import tasks
 from tests.testapp.models import Effect
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
-
-
-@pytest.fixture
-def procs():
-    started: list[subprocess.Popen] = []
-    yield started
-    for proc in started:
-        kill_group(proc)
-
-
-def worker(procs, tmp_path: Path, name: str, *args: str) -> subprocess.Popen:
-    proc = start_worker("--queues", "default", *args, log=tmp_path / f"{name}.log")
-    procs.append(proc)
-    return proc
 
 
 def states() -> dict[str, int]:

@@ -257,3 +257,161 @@ def test_every_state_change_is_a_named_action():
     }  # fmt: skip
     for name in protocol.ACTIONS:
         assert isinstance(getattr(protocol, name), str), name
+
+
+class TestHistory:
+    def test_requeue_and_cancel_record_who_and_what(self, cur):
+        dead, waiting = JobFactory(dead=True), JobFactory()
+        protocol.requeue(cur, ids=[dead.id], actor="admin:ops")
+        protocol.cancel(cur, ids=[waiting.id], actor="cli")
+        [entry] = row(dead).history
+        assert (entry["actor"], entry["action"], entry["detail"]) == (
+            "admin:ops",
+            "requeue",
+            "was dead",
+        )
+        [entry] = row(waiting).history
+        assert (entry["actor"], entry["action"], entry["detail"]) == (
+            "cli",
+            "cancel",
+            "was available",
+        )
+        assert "by cli" in row(waiting).errors[-1]["traceback"]
+
+    def test_a_new_job_starts_with_an_empty_history(self, cur):
+        new = protocol.NewJob("tests.testapp.tasks.add", [1, 2], {}, "default", "default", 0, 3)
+        [enqueued] = protocol.enqueue(cur, [new], notify=False)
+        job = Job.objects.get(pk=enqueued.id)
+        assert (job.history, job.cancel_requested_at, job.cancel_requested_by) == ([], None, None)
+
+    def test_the_default_actor_is_code(self, cur):
+        job = JobFactory(failed=True)
+        protocol.requeue(cur, ids=[job.id])
+        assert row(job).history[0]["actor"] == "code"
+
+    def test_refused_writes_leave_no_history(self, cur):
+        done = JobFactory(completed=True)
+        assert protocol.requeue(cur, ids=[done.id], actor="admin:ops") == []
+        assert protocol.cancel(cur, ids=[done.id], actor="admin:ops") == []
+        assert row(done).history == []
+
+
+class TestRequestCancel:
+    def test_records_the_request_on_a_running_job_without_changing_state(self, cur):
+        job = JobFactory(running=True, lease_version=4)
+        assert protocol.request_cancel(cur, ids=[job.id], actor="admin:ops") == [job.id]
+        after = row(job)
+        assert (after.state, after.lease_owner, after.lease_version) == ("running", OWNER, 4)
+        assert after.cancel_requested_by == "admin:ops"
+        assert after.cancel_requested_at is not None
+        [entry] = after.history
+        assert entry["action"] == "request_cancel"
+        assert entry["detail"] == f"running on {OWNER} (token 4)"
+
+    @pytest.mark.parametrize("trait", ["completed", "failed", "dead", "cancelled", "blocked"])
+    def test_wrong_state_writes_nothing(self, cur, trait):
+        job = JobFactory(**{trait: True})
+        assert protocol.request_cancel(cur, ids=[job.id]) == []
+        assert row(job).cancel_requested_at is None
+
+    def test_available_jobs_are_for_cancel_not_for_a_request(self, cur):
+        job = JobFactory()
+        assert protocol.request_cancel(cur, ids=[job.id]) == []
+
+    def test_the_first_request_stands(self, cur):
+        job = JobFactory(running=True)
+        protocol.request_cancel(cur, ids=[job.id], actor="admin:first")
+        assert protocol.request_cancel(cur, ids=[job.id], actor="admin:second") == []
+        assert row(job).cancel_requested_by == "admin:first"
+        assert len(row(job).history) == 1
+
+    def test_heartbeat_renews_and_reports_the_request(self, cur):
+        asked, other = JobFactory(running=True), JobFactory(running=True)
+        protocol.request_cancel(cur, ids=[asked.id])
+        renewed = protocol.heartbeat(
+            cur, owner=OWNER, held=[(asked.id, 1), (other.id, 1)], lease_seconds=60
+        )
+        assert renewed == {asked.id, other.id}
+        assert renewed.cancel_requested == {asked.id}
+
+    def test_lock_for_effect_refuses_a_job_with_a_request(self, cur):
+        job = JobFactory(running=True)
+        protocol.request_cancel(cur, ids=[job.id])
+        with transaction.atomic():
+            assert not protocol.lock_for_effect(cur, job_id=job.id, owner=OWNER, version=1)
+
+    def test_an_expired_lease_with_a_request_is_reaped_to_cancelled(self, cur):
+        job = JobFactory(expired=True)
+        protocol.request_cancel(cur, ids=[job.id], actor="admin:ops")
+        [reaped] = protocol.reap(cur)
+        assert (reaped.id, reaped.state) == (job.id, "cancelled")
+        after = row(job)
+        assert (after.state, after.lease_owner) == ("cancelled", None)
+        assert after.finished_at is not None
+        error = after.errors[-1]
+        assert error["exception_class_path"] == "django_conveyor.exceptions.Cancelled"
+        assert "cancel request by admin:ops" in error["traceback"]
+
+    @pytest.mark.parametrize("hand_back", ["retry", "snooze", "release"])
+    def test_a_job_handed_back_after_a_request_ends_cancelled(self, cur, hand_back):
+        """The handler ended before its worker was told: the job must not run again."""
+        job = JobFactory(running=True, max_attempts=5)
+        protocol.request_cancel(cur, ids=[job.id], actor="admin:ops")
+        if hand_back == "retry":
+            written = protocol.retry(cur, owner=OWNER, failures=[(job.id, 1, 0.0, {})])
+            assert written == {job.id: "cancelled"}
+        elif hand_back == "snooze":
+            assert protocol.snooze(cur, owner=OWNER, snoozed=[(job.id, 1, 0.0)]) == {job.id}
+        else:
+            assert protocol.release(cur, owner=OWNER, held=[(job.id, 1)]) == {job.id}
+        after = row(job)
+        assert (after.state, after.lease_owner) == ("cancelled", None)
+        assert after.finished_at is not None
+        assert claim(cur) == []
+
+    def test_requeue_clears_the_request(self, cur):
+        job = JobFactory(running=True)
+        protocol.request_cancel(cur, ids=[job.id], actor="admin:ops")
+        protocol.cancel_held(cur, owner=OWNER, held=[(job.id, 1)])
+        assert protocol.requeue(cur, ids=[job.id]) == [job.id]
+        after = row(job)
+        assert (after.state, after.cancel_requested_at, after.cancel_requested_by) == (
+            "available",
+            None,
+            None,
+        )
+        [lease] = claim(cur)
+        assert lease.id == job.id
+        with transaction.atomic():
+            assert protocol.lock_for_effect(cur, job_id=job.id, owner=OWNER, version=2)
+
+
+class TestCancelHeld(GuardedOutcome):
+    def write(self, cur, job_id, version, owner=OWNER):
+        protocol.request_cancel(cur, ids=[job_id], actor="admin:ops")
+        return protocol.cancel_held(
+            cur, owner=owner, held=[(job_id, version)], actor=f"worker:{owner}"
+        )
+
+    def test_the_holder_cancels_and_says_who_asked(self, cur):
+        job = JobFactory(running=True)
+        assert self.write(cur, job.id, 1) == {job.id}
+        after = row(job)
+        assert (after.state, after.lease_owner, after.lease_expires_at) == ("cancelled", None, None)
+        error = after.errors[-1]
+        assert error["exception_class_path"] == "django_conveyor.exceptions.Cancelled"
+        assert error["traceback"] == "Cancelled while running, at the request of admin:ops."
+        assert (error["worker"], error["token"]) == (OWNER, 1)
+        assert [e["action"] for e in after.history] == ["request_cancel", "cancel_held"]
+        assert after.history[-1]["actor"] == f"worker:{OWNER}"
+
+    def test_without_a_request_nothing_is_written(self, cur):
+        job = JobFactory(running=True)
+        assert protocol.cancel_held(cur, owner=OWNER, held=[(job.id, 1)]) == set()
+        assert row(job).state == "running"
+
+    def test_the_handlers_own_outcome_is_then_refused(self, cur):
+        job = JobFactory(running=True)
+        self.write(cur, job.id, 1)
+        assert protocol.complete(cur, owner=OWNER, done=[(job.id, 1, "late")]) == set()
+        assert row(job).state == "cancelled"

@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from .models import GatewayCharge, Order, Payment
+from .models import GatewayCharge, Order, Payment, StockReport
 
 
 @admin.register(Order)
@@ -23,3 +23,9 @@ class PaymentAdmin(admin.ModelAdmin):
 class GatewayChargeAdmin(admin.ModelAdmin):
     list_display = ("charge_id", "reference", "amount_cents", "idempotency_key", "calls")
     readonly_fields = [f.name for f in GatewayCharge._meta.fields]
+
+
+@admin.register(StockReport)
+class StockReportAdmin(admin.ModelAdmin):
+    list_display = ("day", "units", "revenue_cents", "job_id", "created_at")
+    readonly_fields = [f.name for f in StockReport._meta.fields]

@@ -70,3 +70,20 @@ class GatewayCharge(models.Model):
     @property
     def charge_id(self) -> str:
         return f"ch_fake_{self.pk:06d}"
+
+
+class StockReport(models.Model):
+    """Units sold per item on one day: written by the nightly periodic job."""
+
+    day = models.DateField(unique=True)  # One report per day, however often its job runs.
+    units = models.PositiveIntegerField()
+    revenue_cents = models.PositiveIntegerField()
+    lines = models.JSONField(default=dict)  # item -> units sold
+    job_id = models.BigIntegerField()  # The conveyor job that wrote it last.
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-day"]
+
+    def __str__(self) -> str:
+        return f"Stock report for {self.day}: {self.units} units"

@@ -2,21 +2,31 @@
 
 `send_receipt` is at-least-once, like any e-mail: a worker that dies after
 sending and before recording it sends the receipt again on the retry.
-`charge_payment` shows the two halves of exactly-once: the remote charge is
-made safe by the idempotency key the gateway honours, and the local record
-is made exactly-once by `context.atomic()`. `flaky_sync` always fails, so it
-ends `dead` and shows up in the admin's dead-letter view.
+`build_report` is a long job that stops as soon as an operator cancels it
+from the admin. `charge_payment` shows the two halves of exactly-once: the
+remote charge is made safe by the idempotency key the gateway honours, and
+the local record is made exactly-once by `context.atomic()`. `flaky_sync` always fails, so it
+ends `dead` and shows up in the admin's dead-letter view. `nightly_stock_report`
+is a periodic job: settings.CONVEYOR["CRON"] runs it every night.
 """
 
 from __future__ import annotations
 
+from datetime import datetime, time, timedelta
+from time import monotonic, sleep
+from zoneinfo import ZoneInfo
+
 from django.core.mail import send_mail
+from django.db.models import Sum
 from django.utils import timezone
 
 from django_conveyor import task
+from django_conveyor.models import Job
 
 from . import gateway
-from .models import Order, Payment
+from .models import Order, Payment, StockReport
+
+REPORT_TIMEZONE = "Europe/Berlin"  # The shop's day; the schedule uses the same zone.
 
 PAYMENT_EFFECT = "payment"
 
@@ -73,3 +83,48 @@ def flaky_sync(sku: str) -> None:
     raise ConnectionError(
         f"Inventory service unreachable while syncing {sku!r} (demo: always fails)."
     )
+
+
+@task(queue_name="default", takes_context=True, max_attempts=1)
+def build_report(context, seconds: float) -> str:
+    # Long work in small steps, checking between them whether to go on: an
+    # operator's cancel (or a lost lease) makes lease_held() false.
+    deadline = monotonic() + seconds
+    while monotonic() < deadline:
+        if not context.lease_held():
+            return "stopped early"
+        sleep(0.2)
+    return "report built"
+
+
+@task(takes_context=True, max_attempts=3)
+def nightly_stock_report(context) -> dict[str, int | str]:
+    """Units sold per item on the day before the schedule's tick.
+
+    The day comes from the tick (the job's `run_after`), not from the clock,
+    so a retry or a late run reports the same day. Writing the report and
+    its ledger entry in `context.atomic()` makes a second run replace
+    nothing twice: one report per day.
+    """
+    tick = Job.objects.get(pk=context.job_id).run_after
+    zone = ZoneInfo(REPORT_TIMEZONE)
+    day = tick.astimezone(zone).date() - timedelta(days=1)
+    start = datetime.combine(day, time.min, tzinfo=zone)
+    orders = Order.objects.filter(created_at__gte=start, created_at__lt=start + timedelta(days=1))
+    lines = {
+        row["item"]: row["units"]
+        for row in orders.values("item").annotate(units=Sum("quantity")).order_by("item")
+    }
+    revenue = sum(order.total_cents for order in orders)
+    with context.atomic():
+        StockReport.objects.update_or_create(
+            day=day,
+            defaults={
+                "units": sum(lines.values()),
+                "revenue_cents": revenue,
+                "lines": lines,
+                "job_id": context.job_id,
+            },
+        )
+        context.record_effect(f"stock-report-{day}")
+    return {"day": day.isoformat(), "units": sum(lines.values())}

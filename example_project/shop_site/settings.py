@@ -25,6 +25,10 @@ ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["127.0.0.1", "localhost"])
 
 DATA_DIR = os.environ.get("CONVEYOR_DATA_DIR") or VAR_DIR / "pg-example"
 DATABASES = {"default": env.db_url_config(database_url(DATA_DIR))}
+# Keep connections between requests, as a deployed site would (the API pays
+# for a new PostgreSQL connection on every request otherwise).
+DATABASES["default"]["CONN_MAX_AGE"] = env.int("CONN_MAX_AGE", default=60)
+DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -47,11 +51,29 @@ TASKS = {
         "QUEUES": ["default", "emails", "payments"],
     }
 }
-# Every key has a default; these two are spelled out to show where they go.
+# Every key has a default; these are spelled out to show where they go.
 CONVEYOR = {
     "LEASE_SECONDS": 30.0,
     "SHUTDOWN_TIMEOUT_SECONDS": 10.0,
+    # Periodic jobs (docs/cron.md): every worker schedules them, one job per tick.
+    "CRON": {
+        "nightly-stock-report": {
+            "schedule": "0 3 * * *",
+            "task": "shop.tasks.nightly_stock_report",
+            "timezone": "Europe/Berlin",
+            "missed": "latest",  # after downtime: one catch-up run, not one per night
+        },
+    },
+    # The HTTP API (conveyor/api/) may enqueue these two tasks, and no other.
+    "API_TASKS": ["shop.tasks.send_receipt", "shop.tasks.flaky_sync"],
+    # Prometheus on this machine may scrape conveyor/metrics without a key.
+    "METRICS_ALLOWED_ADDRESSES": env.list("METRICS_ALLOWED_ADDRESSES", default=["127.0.0.1"]),
 }
+# The demo's API key (manage.py demo creates it). A fixed key is fine for a
+# local demo only; anywhere else, create keys with manage.py conveyor_api_key.
+SHOP_DEMO_API_KEY = env.str(
+    "SHOP_DEMO_API_KEY", default="cvk_demo0000_conveyor-demo-key-not-for-production"
+)
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",

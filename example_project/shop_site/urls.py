@@ -1,5 +1,5 @@
 from django.contrib import admin
-from django.urls import path
+from django.urls import include, path
 from shop import views
 
 urlpatterns = [
@@ -7,4 +7,6 @@ urlpatterns = [
     path("orders/new/", views.place_order_view, name="order-create"),
     path("inventory/sync/", views.sync_inventory_view, name="inventory-sync"),
     path("admin/", admin.site.urls),
+    path("conveyor/api/", include("django_conveyor.api.urls")),
+    path("conveyor/metrics", include("django_conveyor.metrics.urls")),
 ]

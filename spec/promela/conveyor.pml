@@ -107,7 +107,9 @@
 #  ifndef PRUNE_BUDGET
 #  define PRUNE_BUDGET 0
 #  endif
+#  ifndef REQUEST_BUDGET
 #  define REQUEST_BUDGET 1
+#  endif
 #endif
 
 #ifdef CRON
@@ -255,6 +257,15 @@ byte renewals_left = RENEW_BUDGET;
 byte now = 0;                   /* ticks 1..now are due */
 byte next_tick = 1;             /* conveyor_cron.next_tick_at */
 byte seen[NW];                  /* the tick a scheduler read as due; 0: none */
+byte expect[NW];                /* the next_tick_at it read with it */
+#ifndef SYNC_BUDGET
+#  ifdef CRON
+#  define SYNC_BUDGET 1
+#  else
+#  define SYNC_BUDGET 0
+#  endif
+#endif
+byte syncs_left = SYNC_BUDGET;
 byte cron_jobs[MAX_TICK + 1];   /* jobs inserted per tick */
 
 /* ---------------- the guards (mutations edit these) -------------------- */
@@ -267,7 +278,7 @@ byte cron_jobs[MAX_TICK + 1];   /* jobs inserted per tick */
 #define GUARD_FAIL(k, j) FENCE(k, j)
 #define GUARD_SNOOZE(k, j) FENCE(k, j)
 #define GUARD_RELEASE(k, j) FENCE(k, j)
-#define GUARD_CANCEL_HELD(k, j) FENCE(k, j)
+#define GUARD_CANCEL_HELD(k, j) (FENCE(k, j) && cancel_req[j])
 #define GUARD_LOCK(k, j) (FENCE(k, j) && !cancel_req[j])
 #define GUARD_RECORD(k, j) (jstate[j] == COMPLETED && owner[j] == WORKER(k) && version[j] == v_tok[k])
 #define NEW_TOKEN(j) version[j]++
@@ -528,7 +539,7 @@ inline crash_worker(w) {
   :: else -> break
   od;
   q = 0;
-  frozen[w] = false; seen[w] = 0
+  frozen[w] = false; seen[w] = 0; expect[w] = 0
 }
 
 /* ---------------- worker actions --------------------------------------- */
@@ -748,16 +759,19 @@ inline start(w, k) {
 #define START(w, k) \
   :: atomic { !frozen[w] && v_job[k] != NOJOB && v_phase[k] == P_CLAIMED -> start(w, k) }
 
-/* CRON_ENQUEUE: INSERT the tick's job, key 'cron:<name>:<tick>', ON
- * CONFLICT DO NOTHING, and advance the schedule row (forward only)        */
+/* CRON_ENQUEUE: guarded by the schedule row as read (next_tick_at = what the
+ * scheduler saw, FOR UPDATE SKIP LOCKED): INSERT the tick's job, key
+ * 'cron:<name>:<tick>', ON CONFLICT DO NOTHING, and advance the row        */
 #define CRON_ENQUEUE(w) \
   :: atomic { !frozen[w] && seen[w] != 0 -> \
-       INSERT_TICK(seen[w]); \
-       if :: next_tick <= seen[w] -> next_tick = seen[w] + 1 :: else -> skip fi; \
-       seen[w] = 0 }
+       if \
+       :: next_tick == expect[w] -> INSERT_TICK(seen[w]); next_tick = seen[w] + 1 \
+       :: else -> skip \
+       fi; \
+       seen[w] = 0; expect[w] = 0 }
 /* a scheduler pass reads the schedule row and picks the next due tick */
 #define SCHEDULER_READ(w) \
-  :: atomic { !frozen[w] && seen[w] == 0 && next_tick <= now -> seen[w] = next_tick }
+  :: atomic { !frozen[w] && seen[w] == 0 && next_tick <= now -> seen[w] = next_tick; expect[w] = next_tick }
 
 #define SLOT(w, k) HEARTBEAT(w, k) LOCK_FOR_EFFECT(w, k) EFFECT(w, k) COMPLETE(w, k) \
   RECORD_RESULT(w, k) RETRY(w, k) FAIL(w, k) SNOOZE(w, k) RELEASE(w, k) CANCEL_HELD(w, k) START(w, k)
@@ -836,6 +850,10 @@ end_loop:
 
 /* Clock: time reaches the next tick of the schedule */
 #define CLOCK :: atomic { now < MAX_TICK -> now++ }
+/* CronSync: the settings sync (or an admin edit) recomputes next_tick_at,
+ * back to a tick whose job exists: then only the key holds                */
+#define CRON_SYNC :: atomic { syncs_left > 0 && next_tick > 1 -> syncs_left--; \
+       if :: next_tick = 1 :: next_tick > 2 -> next_tick = 2 :: next_tick > 3 -> next_tick = 3 fi }
 
 proctype World() {
   byte j = 0; byte k = 0; byte x = 0; byte d = 0; byte n = 0; byte c = 0; byte nf = 0; byte s = 0; byte q = 0;
@@ -847,7 +865,7 @@ end_loop:
   CRASH(0) CRASH(1)
   FREEZE(0) FREEZE(1) FREEZE_FOREVER(0) FREEZE_FOREVER(1)
   THAW(0) THAW(1)
-  CLOCK
+  CLOCK CRON_SYNC
   od
 }
 

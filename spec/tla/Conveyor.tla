@@ -47,7 +47,7 @@ CONSTANTS
     NoJob,          \* "no job" (cause of a cancellation that no dependency caused)
     \* ---- budgets: how often the environment or an operator acts per behaviour
     CrashBudget, FreezeBudget, ReleaseBudget, SnoozeBudget,
-    RequeueBudget, CancelBudget, PruneBudget, CancelRequestBudget,
+    RequeueBudget, CancelBudget, PruneBudget, CancelRequestBudget, CronSyncBudget,
     \* ---- features
     Atomic,         \* TRUE: handlers may use context.atomic() (the guarded transaction)
     TxnBound,       \* TRUE: idle_in_transaction_session_timeout / statement_timeout
@@ -75,7 +75,7 @@ ASSUME
     /\ Concurrency \in Nat \ {0} /\ MaxAttempts \in Nat \ {0}
     /\ NoWorker \notin Workers /\ NoJob \notin Jobs
     /\ {CrashBudget, FreezeBudget, ReleaseBudget, SnoozeBudget, RequeueBudget,
-        CancelBudget, PruneBudget, CancelRequestBudget, MaxTick} \subseteq Nat
+        CancelBudget, PruneBudget, CancelRequestBudget, CronSyncBudget, MaxTick} \subseteq Nat
     /\ {Atomic, TxnBound, Isolation, CancelRunning, MissedAll} \subseteq BOOLEAN
     /\ Crashers \subseteq Jobs /\ (Crashers # {} => Isolation)
     /\ Deps \in [Jobs -> SUBSET Jobs] /\ RunAnyway \subseteq Jobs
@@ -112,12 +112,13 @@ VARIABLES
     now,        \* the clock: ticks 1..now are due
     nextTick,   \* conveyor_cron.next_tick_at
     seen,       \* seen[w]: the tick worker w's scheduler read as due (0: none)
+    expect,     \* expect[w]: the next_tick_at it read with it
     cronJobs    \* cronJobs[t]: jobs inserted for tick t
 
 row    == <<jstate, attempt, owner, version, expired, lockedBy, isolated,
             cancelReq, pending, cause, ledger, business>>
 ghost  == <<claims, holder, liveGid, completer, lostTo, alarms>>
-cron   == <<now, nextTick, seen, cronJobs>>
+cron   == <<now, nextTick, seen, expect, cronJobs>>
 vars   == <<row, held, frozen, ghost, left, cron>>
 
 Attempt == [job : Jobs, tok : 0..MaxClaims, gid : 1..MaxClaims, phase : Phases,
@@ -145,7 +146,8 @@ TypeOK ==
     /\ completer \in [Jobs -> 0..MaxClaims]
     /\ lostTo    \in [Jobs -> 0..MaxAttempts]
     /\ now \in 0..MaxTick /\ nextTick \in 1..(MaxTick + 1)
-    /\ seen \in [Workers -> 0..MaxTick] /\ cronJobs \in [1..MaxTick -> 0..2]
+    /\ seen \in [Workers -> 0..MaxTick] /\ expect \in [Workers -> 0..(MaxTick + 1)]
+    /\ cronJobs \in [1..MaxTick -> 0..2]
 
 Init ==
     /\ jstate    = [j \in Jobs |-> "absent"]
@@ -171,9 +173,11 @@ Init ==
     /\ left = [crash |-> CrashBudget, freeze |-> FreezeBudget,
                release |-> ReleaseBudget, snooze |-> SnoozeBudget,
                requeue |-> RequeueBudget, cancel |-> CancelBudget,
-               prune |-> PruneBudget, request |-> CancelRequestBudget]
+               prune |-> PruneBudget, request |-> CancelRequestBudget,
+               sync |-> CronSyncBudget]
     /\ now = 0 /\ nextTick = 1
-    /\ seen = [w \in Workers |-> 0] /\ cronJobs = [t \in 1..MaxTick |-> 0]
+    /\ seen = [w \in Workers |-> 0] /\ expect = [w \in Workers |-> 0]
+    /\ cronJobs = [t \in 1..MaxTick |-> 0]
 
 -----------------------------------------------------------------------------
 (* Helpers *)
@@ -198,7 +202,7 @@ GuardRETRY(w, a)           == Fence(w, a)
 GuardFAIL(w, a)            == Fence(w, a)
 GuardSNOOZE(w, a)          == Fence(w, a)
 GuardRELEASE(w, a)         == Fence(w, a)
-GuardCANCEL_HELD(w, a)     == Fence(w, a)
+GuardCANCEL_HELD(w, a)     == Fence(w, a) /\ cancelReq[a.job]
 \* RECORD_RESULT: id, state = 'completed', lease_owner, lease_version
 GuardRECORD_RESULT(w, a) ==
     /\ jstate[a.job] = "completed"
@@ -674,18 +678,24 @@ REQUEST_CANCEL(j) ==
     /\ UNCHANGED <<jstate, attempt, owner, version, expired, lockedBy, isolated,
                    pending, cause, ledger, business, held, frozen, ghost, cron>>
 
-\* The scheduler enqueues tick t of the schedule, in one statement:
+\* The scheduler enqueues tick t of the schedule, in one statement guarded
+\* by the schedule row it read:
+\*   WITH due AS (SELECT id FROM conveyor_cron WHERE id AND enabled AND
+\*                next_tick_at = <what it read> FOR UPDATE SKIP LOCKED)
 \*   INSERT INTO conveyor_job (..., idempotency_key = 'cron:<name>:<tick UTC>')
-\*   ON CONFLICT (idempotency_key) DO NOTHING, and
-\*   UPDATE conveyor_cron SET last_tick_at = t, next_tick_at = <after t>
-\* (the schedule row only moves forward).
+\*     SELECT ... FROM due ON CONFLICT (idempotency_key) DO NOTHING,
+\*   UPDATE conveyor_cron SET last_tick_at = t, next_tick_at = <after t> FROM due
+\* A scheduler that read a row another one has advanced since writes nothing.
 CRON_ENQUEUE(w) ==
     /\ ~frozen[w]
     /\ seen[w] # 0
     /\ LET t == seen[w] IN
-       /\ cronJobs' = [cronJobs EXCEPT ![t] = IF @ = 0 THEN 1 ELSE @]
-       /\ nextTick' = IF nextTick > t THEN nextTick ELSE t + 1
-    /\ seen' = [seen EXCEPT ![w] = 0]
+       IF nextTick = expect[w]
+       THEN /\ cronJobs' = [cronJobs EXCEPT ![t] = IF @ = 0 THEN 1 ELSE @]
+            /\ nextTick' = t + 1
+       ELSE UNCHANGED <<cronJobs, nextTick>>
+    /\ seen'   = [seen EXCEPT ![w] = 0]
+    /\ expect' = [expect EXCEPT ![w] = 0]
     /\ UNCHANGED <<row, held, frozen, ghost, left, now>>
 
 -----------------------------------------------------------------------------
@@ -711,8 +721,9 @@ Start(w, a) ==
                               IF j \in victims /\ lostTo[j] < MaxAttempts
                               THEN lostTo[j] + 1 ELSE lostTo[j]]
             /\ seen'     = [seen EXCEPT ![w] = 0]
+            /\ expect'   = [expect EXCEPT ![w] = 0]
        ELSE /\ Replace(w, a, [a EXCEPT !.phase = "run"])
-            /\ UNCHANGED <<lockedBy, lostTo, seen>>
+            /\ UNCHANGED <<lockedBy, lostTo, seen, expect>>
     /\ UNCHANGED <<jstate, attempt, owner, version, expired, isolated, cancelReq,
                    pending, cause, ledger, business, frozen, claims, holder, liveGid,
                    completer, alarms, left, now, nextTick, cronJobs>>
@@ -753,6 +764,7 @@ Crash(w) ==
                       IF \E b \in held[w] : b.job = j /\ lockedBy[j] = b.gid
                       THEN 0 ELSE lockedBy[j]]
     /\ seen'     = [seen EXCEPT ![w] = 0]
+    /\ expect'   = [expect EXCEPT ![w] = 0]
     /\ UNCHANGED <<jstate, attempt, owner, version, expired, isolated, cancelReq,
                    pending, cause, ledger, business, ghost, now, nextTick, cronJobs>>
 
@@ -774,7 +786,7 @@ Thaw(w) ==
 Clock ==
     /\ now < MaxTick
     /\ now' = now + 1
-    /\ UNCHANGED <<row, held, frozen, ghost, left, nextTick, seen, cronJobs>>
+    /\ UNCHANGED <<row, held, frozen, ghost, left, nextTick, seen, expect, cronJobs>>
 
 \* A scheduler pass reads the schedule row (SELECT ... WHERE next_tick_at <=
 \* now()) and picks the tick to enqueue: the next one (missed = 'all') or the
@@ -783,8 +795,19 @@ SchedulerRead(w) ==
     /\ ~frozen[w]
     /\ seen[w] = 0
     /\ nextTick <= now
-    /\ seen' = [seen EXCEPT ![w] = IF MissedAll THEN nextTick ELSE now]
+    /\ seen'   = [seen EXCEPT ![w] = IF MissedAll THEN nextTick ELSE now]
+    /\ expect' = [expect EXCEPT ![w] = nextTick]
     /\ UNCHANGED <<row, held, frozen, ghost, left, now, nextTick, cronJobs>>
+
+\* The schedule row is rewritten outside the scheduler -- the settings sync
+\* at a worker's start, an edit or a re-enable in the admin -- and its
+\* next_tick_at recomputed from the clock, back to a tick whose job exists
+\* already.  Then only the idempotency key keeps the tick to one job.
+CronSync ==
+    /\ left.sync > 0
+    /\ Spend("sync")
+    /\ \E t \in 1..(nextTick - 1) : nextTick' = t
+    /\ UNCHANGED <<row, held, frozen, ghost, now, seen, expect, cronJobs>>
 
 \* Every job is final (or was never enqueued, or a refused enqueue) and no
 \* tick is left: nothing more happens, which is not a deadlock.
@@ -817,7 +840,7 @@ JobStep(j) ==
 Next ==
     \/ \E w \in Workers : WorkerStep(w)
     \/ \E j \in Jobs : JobStep(j)
-    \/ Clock
+    \/ Clock \/ CronSync
     \/ Finished
 
 ClaimSome == \E w \in Workers, j \in Jobs : CLAIM(w, j) \/ CLAIM_ISOLATED(w, j)

@@ -1,7 +1,9 @@
 """Benchmark django-conveyor against its peers on one machine and one PostgreSQL.
 
-    python tests/benchmarks/run.py [--systems a,b] [--workloads drain,latency,relay,growth,soak]
-                                   [--repeat 3] [--quick] [--out docs/results]
+    python tests/benchmarks/run.py                        # full: every system and workload
+    python tests/benchmarks/run.py --quick                # CI size, conveyor only
+    python tests/benchmarks/run.py --systems conveyor --workloads drain \
+        --processes 1 --setting concurrency=10 --jobs 50000 --repeat 3   # one figure, fast
     python tests/benchmarks/run.py --plot-only docs/results/bench-YYYY-MM-DD.json
 
 Needs only the standard library: every system runs in its own virtualenv under
@@ -13,7 +15,10 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import contextlib
+import dataclasses
 import datetime as dt
+import os
 import signal
 import subprocess
 import sys
@@ -25,7 +30,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 sys.path.insert(0, str(HERE))
 
-from harness import config, envs, report, runner, services  # noqa: E402
+from harness import config, envs, load, markdown, profile, report, runner, services  # noqa: E402
 
 VAR = REPO / "var" / "bench"
 
@@ -44,13 +49,55 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     ap.add_argument(
         "--workloads",
-        default=",".join(config.ALL_WORKLOADS),
-        help="comma list of drain,latency,relay,growth,soak",
+        default=",".join(config.DEFAULT_WORKLOADS),
+        help=f"comma list of {','.join(config.ALL_WORKLOADS)} (profile only when named)",
     )
     ap.add_argument("--repeat", type=int, help="repetitions per figure (default 3; quick 1)")
-    ap.add_argument("--quick", action="store_true", help="small counts for CI (< ~2 minutes)")
+    ap.add_argument("--quick", action="store_true", help="small counts for CI (about a minute)")
+    ap.add_argument(
+        "--setting",
+        metavar="K=V,...",
+        help="pin one setting instead of sweeping, e.g. concurrency=10,prefetch=auto "
+        "(merged into each named system's default setting)",
+    )
+    ap.add_argument(
+        "--processes",
+        metavar="N,...",
+        help="worker processes for the drain and the limit (default 1,2); the sustained "
+        "run uses the last (default 2)",
+    )
+    ap.add_argument(
+        "--figures",
+        metavar="F,...",
+        help="only these figures of each workload, e.g. ready-1e6,queues-100 (growth) "
+        "or '1 process' (drain)",
+    )
+    ap.add_argument(
+        "--jobs",
+        type=int,
+        help="jobs per drain, sweep, growth, limit, sustained and profile run (overrides the size)",
+    )
+    ap.add_argument(
+        "--quiet",
+        type=float,
+        metavar="PCT",
+        help="before each run, wait until other processes use less than PCT%% of the "
+        "machine's CPU (default 10 in the full run, off with --quick)",
+    )
+    ap.add_argument(
+        "--quiet-max-wait",
+        type=float,
+        default=120.0,
+        metavar="S",
+        help="give up waiting for quiet after S seconds and run (the load is recorded)",
+    )
     ap.add_argument("--out", default=str(REPO / "docs" / "results"), help="results folder")
     ap.add_argument("--plot-only", metavar="FILE", help="redraw the PNG from a results JSON")
+    ap.add_argument(
+        "--tables-only",
+        metavar="FILE",
+        help="print (and write next to it) the Markdown tables of a results JSON",
+    )
     ap.add_argument("--no-plot", action="store_true", help="skip the matplotlib plot")
     ap.add_argument(
         "--pg-port",
@@ -99,6 +146,22 @@ def build_envs(names: list[str], log_file: Path) -> dict[str, runner.SystemState
     return states
 
 
+METHOD = (
+    "Each handler appends (job seq, start, end) wall-clock marks to a per-process file. "
+    "A drain's window runs from the first handler start to the start of the first poll "
+    "of the system's own store (a separate connection, every 5 ms once 99% of the jobs "
+    "ran) that shows every job acknowledged (Celery: its Redis queue and unacked hash "
+    "empty and every handler run); throughput = jobs / window. Bulk loads are followed "
+    "by ANALYZE. The drain sweeps each system's main knob once on smaller drains, then "
+    "runs the best setting of each system and process count `repeat` times; "
+    "repetitions interleave the systems and rotate their order. Latency = handler "
+    "start - start of the producer's enqueue call. Each run uses a fresh database "
+    "cloned from a template holding the system's schema. Before each run the 1-minute "
+    "load average and the CPU share of processes not started by the benchmark (over "
+    "1 s) are recorded, and that share again during the run."
+)
+
+
 def header(
     args: argparse.Namespace,
     sizes: config.Sizes,
@@ -129,7 +192,7 @@ def header(
             pg_info = {"error": str(exc)}
         pg_info["source"] = "DATABASE_URL" if pg.stopper is None else "django_conveyor.embedded"
     return {
-        "schema": 1,
+        "schema": 2,
         "date": dt.date.today().isoformat(),
         "started_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "command": "python tests/benchmarks/run.py " + " ".join(sys.argv[1:]),
@@ -138,20 +201,15 @@ def header(
         "machine": report.machine_info(),
         "postgres": pg_info,
         "redis": redis_info,
-        "sizes": sizes.__dict__ | {"growth_history": list(sizes.growth_history)},
-        "layouts": {
-            "drain_and_growth": config.DRAIN_LAYOUT,
-            "latency": config.LATENCY_LAYOUT,
-            "relay_slots": config.RELAY_SLOTS,
+        "sizes": sizes.as_json(),
+        "settings_swept": {
+            "drain": config.DRAIN_SWEEP,
+            "latency": config.LATENCY_SWEEP,
+            "limit_batches": config.LIMIT_BATCHES,
+            "pinned": config.parse_setting(args.setting) if args.setting else None,
         },
-        "method": (
-            "Each handler appends (job seq, start, end) wall-clock marks to a per-process "
-            "file. Throughput = jobs handled / (last handler end - first handler start); "
-            "latency = handler start - time the producer's enqueue call returned "
-            "(committed). Each figure runs in a fresh database cloned from a template "
-            "holding the system's schema. Peak RSS is ru_maxrss of the largest worker "
-            "process (RUSAGE_CHILDREN)."
-        ),
+        "relay_slots": config.RELAY_SLOTS,
+        "method": METHOD,
         "systems": {
             n: {
                 "status": s.status,
@@ -167,13 +225,34 @@ def header(
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
+    if args.tables_only:
+        import json
+
+        path = Path(args.tables_only)
+        text = markdown.render(json.loads(path.read_text()))
+        path.with_suffix(".md").write_text(text)
+        sys.stdout.write(text)
+        return 0
     if args.plot_only:
         png = plot(Path(args.plot_only), VAR / "plot-venv.log")
         if png:
             log(f"plot: {png}")
         return 0 if png else 1
     sizes = config.QUICK if args.quick else config.FULL
+    if args.jobs:
+        sizes = dataclasses.replace(
+            sizes,
+            drain_jobs=args.jobs,
+            sweep_jobs=args.jobs,
+            growth_jobs=args.jobs,
+            limit_jobs=args.jobs,
+            sustained_jobs=args.jobs,
+            profile_jobs=args.jobs,
+        )
     repeat = args.repeat or sizes.repeat
+    processes = tuple(int(x) for x in args.processes.split(",")) if args.processes else None
+    pinned = config.parse_setting(args.setting) if args.setting else None
+    quiet = args.quiet if args.quiet is not None else (0.0 if args.quick else 10.0)
     default_systems = ["conveyor"] if args.quick else list(config.ALL_SYSTEMS)
     names = args.systems.split(",") if args.systems else default_systems
     workloads = [w for w in args.workloads.split(",") if w]
@@ -197,7 +276,8 @@ def main(argv: list[str]) -> int:
             pg.stop()
 
     def on_signal(signum: int, _frame: object) -> None:
-        log(f"signal {signum}: stopping every process this run started")
+        with contextlib.suppress(OSError):  # stderr may be a closed pipe by now
+            log(f"signal {signum}: stopping every process this run started")
         raise SystemExit(128 + signum)
 
     atexit.register(shutdown)
@@ -242,7 +322,28 @@ def main(argv: list[str]) -> int:
                 states["celery"].status, states["celery"].reason = "skipped", str(exc)
                 redis_info = {"skipped": str(exc)}
 
-    ctx = runner.Context(HERE / "systems", work_root, sizes, procs, pg, redis_url, states, log)
+    postmaster = load.postmaster_pid(pg.data_dir_any if pg else None)
+    roots = {os.getpid()} | ({postmaster} if postmaster else set())
+    ctx = runner.Context(
+        HERE / "systems",
+        work_root,
+        sizes,
+        procs,
+        pg,
+        redis_url,
+        states,
+        log,
+        monitor=load.Monitor(roots, before_s=0.25 if args.quick else 1.0),
+        explicit_systems=bool(args.systems),
+        pinned=pinned,
+        processes=processes,
+        figures=tuple(args.figures.split(",")) if args.figures else None,
+        quiet_pct=quiet,
+        quiet_max_wait_s=args.quiet_max_wait,
+    )
+    if "profile" in workloads and "conveyor" in states:
+        ctx.pyspy = profile.ensure_pyspy(REPO, VAR / "venvs", venv_log)
+        ctx.profile_dir = REPO / "var" / "profile" / stamp
     for st in states.values():
         runner.prepare_system(ctx, st)
         if st.status != "ok":
@@ -253,21 +354,36 @@ def main(argv: list[str]) -> int:
     doc = report.Document(out_dir / name, header(args, sizes, repeat, states, pg, redis_info))
     doc.save()
     t0 = time.monotonic()
-    runner.run_all(ctx, workloads, repeat, doc.add)
+
+    def on_result(cell: runner.Cell, result: dict[str, Any]) -> None:
+        if cell.workload == "profile" and result.get("ok"):
+            result["breakdown"] = profile.summarize_run(result)
+        doc.add(
+            cell.workload, cell.figure, cell.system, cell.label, cell.setting, result, cell.phase
+        )
+
+    runner.run_all(ctx, workloads, repeat, on_result, doc.skip, doc.best_setting)
     doc.doc["finished_at"] = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     doc.doc["duration_s"] = round(time.monotonic() - t0, 1)
+    doc.doc["best_settings"] = {f"{w}/{f}/{s}": v for (w, f, s), v in sorted(ctx.best.items())}
     doc.save()
-    log(f"results: {doc.path}")
+    md = doc.path.with_suffix(".md")
+    md.write_text(markdown.render(doc.doc))
+    log(f"results: {doc.path} (tables: {md})")
+    sys.stderr.write(md.read_text())
     if not args.no_plot:
         png = plot(doc.path, venv_log)
         if png:
             log(f"plot: {png}")
     failed = [
-        f"{w}/{s}/{f}"
+        f"{w}/{s}/{f}/{label}"
         for w, per in doc.doc["results"].items()
-        for s, cells in per.items()
-        for f, cell in cells.items()
-        if isinstance(cell, dict) and cell["summary"]["runs_failed"]
+        for s, figures in per.items()
+        for f, cell in figures.items()
+        if isinstance(cell, dict)
+        for group in ("sweep", "settings")
+        for label, entry in cell.get(group, {}).items()
+        if entry["summary"]["runs_failed"]
     ]
     broken = [n for n, s in states.items() if s.status == "error"]
     if failed or broken:

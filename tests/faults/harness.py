@@ -19,6 +19,14 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from django_conveyor import embedded
+from tests.pgbouncer.bouncer import (
+    PgBouncer,
+    Upstream,
+    is_session_state_error,
+    session_state_errors,
+)
+
 from . import pg, verify
 from .injectors import Injector, Kill9, PgRestart, SigStop
 from .proxy import FaultProxy
@@ -27,6 +35,7 @@ from .workers import WorkerPool
 logger = logging.getLogger("faults")
 
 SCENARIOS = ("kill9", "sigstop", "pg-restart", "network")
+POOLER_MODES = ("poll-only", "listener-dsn")
 LATENCY_SECONDS = 0.030
 DROP_RATE = 0.05
 FAULT_WINDOW = 0.7  # Faults stop at this fraction of the deadline, to let the rest settle.
@@ -34,6 +43,7 @@ MONITOR_SECONDS = 0.5
 ALL_PACE = 3.0  # Together, each fault strikes this many times less often.
 
 NOT_FINAL = "SELECT count(*) FROM conveyor_job WHERE state <> ALL(%(final)s)"
+TRACEBACKS = "SELECT id, e->>'traceback' FROM conveyor_job, jsonb_array_elements(errors) AS e"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -48,6 +58,7 @@ class Params:
     timeout: float
     out: Path
     keep: Path | None
+    pgbouncer: str | None  # Workers behind PgBouncer: "poll-only" or "listener-dsn".
 
     @property
     def faults(self) -> tuple[str, ...]:
@@ -68,6 +79,13 @@ def parse_args(argv: list[str] | None) -> Params:
     )
     parser.add_argument("--timeout", type=float, default=None, help="Deadline in seconds.")
     parser.add_argument("--keep", type=Path, default=None, help="Copy worker logs here.")
+    parser.add_argument(
+        "--pgbouncer",
+        choices=POOLER_MODES,
+        default=None,
+        help="Put the workers behind a PgBouncer in transaction mode, polling only "
+        "(--poll-only) or listening on a direct connection (LISTENER_DSN).",
+    )
     args = parser.parse_args(argv)
     if args.jobs < 1 or args.workers < 2 or args.concurrency < 1:
         parser.error("--jobs and --concurrency must be 1 or more, --workers 2 or more.")
@@ -85,6 +103,7 @@ def parse_args(argv: list[str] | None) -> Params:
         timeout=timeout,
         out=args.out,
         keep=args.keep,
+        pgbouncer=args.pgbouncer,
     )
 
 
@@ -101,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         run.tear_down()
         if params.keep:
             params.keep.mkdir(parents=True, exist_ok=True)
-            for log in (work / "logs").glob("*.log"):
+            for log in [*(work / "logs").glob("*.log"), *(work / "pgbouncer").glob("*.log")]:
                 shutil.copy(log, params.keep / log.name)
         shutil.rmtree(work, ignore_errors=True)
     params.out.mkdir(parents=True, exist_ok=True)
@@ -130,12 +149,14 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
 class Run:
     def __init__(self, params: Params, work: Path) -> None:
         self.params = params
+        self.work = work
         self.rng = random.Random(params.seed)
         self.data_dir = work / "pgdata"
         self.log_dir = work / "logs"
         self.log_dir.mkdir()
         self.pg_port = pg.free_port()
         self.proxy: FaultProxy | None = None
+        self.bouncer: PgBouncer | None = None
         self.pool: WorkerPool | None = None
         self.injectors: list[Injector] = []
         self.stop_faults = threading.Event()
@@ -159,18 +180,26 @@ class Run:
         self.migrate()
         self.enqueue()
         worker_port = self.pg_port
+        if p.pgbouncer:
+            upstream = Upstream("127.0.0.1", self.pg_port, embedded.SUPERUSER, None)
+            self.bouncer = PgBouncer(self.work / "pgbouncer", upstream).start()
+            worker_port = self.bouncer.port
         if "network" in p.faults:
-            worker_port = pg.free_port()
+            upstream_port, worker_port = worker_port, pg.free_port()
             self.proxy = FaultProxy(
                 listen_port=worker_port,
-                upstream_port=self.pg_port,
+                upstream_port=upstream_port,
                 latency=LATENCY_SECONDS,
                 drop_rate=DROP_RATE,
                 seed=self.rng.randrange(2**31),
             )
             self.proxy.start()
         self.pool = WorkerPool(
-            count=p.workers, concurrency=p.concurrency, db_port=worker_port, log_dir=self.log_dir
+            count=p.workers,
+            concurrency=p.concurrency,
+            db_port=worker_port,
+            log_dir=self.log_dir,
+            **self.pooler_setup(),
         )
         started = time.monotonic()
         self.pool.start_all()
@@ -184,13 +213,35 @@ class Run:
         self.pool.stop_all()
         if self.proxy:
             self.proxy.stop()
+        if self.bouncer:
+            self.bouncer.stop()
         duration = time.monotonic() - started
         pg.start(self.data_dir, self.pg_port)  # Up again, whatever the injector left.
         facts = verify.read_logs(sorted(self.log_dir.glob("*.log")))
         with pg.connect(self.pg_port) as conn:
             figures = verify.check(conn, p.jobs, facts)
         failed = verify.failures(figures, require_stale=p.scenario == "sigstop")
+        if self.bouncer:
+            logs = [*sorted(self.log_dir.glob("*.log")), self.bouncer.log]
+            errors = session_state_errors(logs)  # Handlers' errors are only in the jobs' rows:
+            for job_id, traceback in pg.query(self.pg_port, TRACEBACKS) or []:
+                if is_session_state_error(traceback):
+                    errors.append(f"job {job_id}: {traceback.strip().splitlines()[-1]}")
+            figures["pgbouncer"] = {"mode": p.pgbouncer, "session_state_errors": errors[:20]}
+            if errors:
+                failed.append(f"{len(errors)} session-state error(s) logged, first: {errors[0]}")
         return self.report(figures, failed, duration, settled_at)
+
+    def pooler_setup(self) -> dict[str, Any]:
+        """The workers' extra flags and environment behind PgBouncer (tests/faults/settings.py)."""
+        if self.bouncer is None:
+            return {}
+        env = {"CONVEYOR_FAULTS_POOLER": "1", "CONVEYOR_FAULTS_PG_PASSWORD": self.bouncer.password}
+        if self.params.pgbouncer == "poll-only":
+            return {"extra_args": ("--poll-only",), "extra_env": env}
+        # The listener goes straight to the server, on the port the injector restarts.
+        direct = self.bouncer.upstream.conninfo(dbname=embedded.DATABASE, connect_timeout=3)
+        return {"extra_env": {**env, "CONVEYOR_FAULTS_LISTENER_DSN": direct}}
 
     def migrate(self) -> None:
         os.environ["DJANGO_SETTINGS_MODULE"] = "tests.faults.settings"
@@ -280,6 +331,8 @@ class Run:
             self.pool.stop_all(grace=10)
         if self.proxy is not None:
             self.proxy.stop()
+        if self.bouncer is not None:
+            self.bouncer.stop()
         if self.pg_started:
             pg.stop(self.data_dir)
 
@@ -332,6 +385,7 @@ class Run:
                 "faults": list(p.faults),
                 "network_latency_s": LATENCY_SECONDS if "network" in p.faults else None,
                 "network_drop_rate": DROP_RATE if "network" in p.faults else None,
+                "pgbouncer": p.pgbouncer,
             },
             "faults_injected": faults,
             "final_jobs_over_time": self.progress[:: max(1, len(self.progress) // 20)],

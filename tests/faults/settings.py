@@ -26,6 +26,11 @@ DATABASES = {
         "OPTIONS": {"connect_timeout": 3, "application_name": "conveyor-faults"},
     }
 }
+# Behind PgBouncer in transaction mode (run.py --pgbouncer): the tested
+# configuration of docs/worker.md; the listener's direct DSN, if any, below.
+if os.environ.get("CONVEYOR_FAULTS_POOLER"):
+    DATABASES["default"]["PASSWORD"] = os.environ.get("CONVEYOR_FAULTS_PG_PASSWORD", "")
+    DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = True
 
 INSTALLED_APPS = ["django_conveyor", "tests.testapp"]
 try:  # Django 5.2: the backport is an app of its own.
@@ -54,3 +59,5 @@ CONVEYOR = {
     # attempts in flight); the pass criterion is that every job completes.
     "MAX_ATTEMPTS": 100,
 }
+if os.environ.get("CONVEYOR_FAULTS_LISTENER_DSN"):
+    CONVEYOR["LISTENER_DSN"] = os.environ["CONVEYOR_FAULTS_LISTENER_DSN"]

@@ -32,11 +32,22 @@ class Incarnation:
 
 
 class WorkerPool:
-    def __init__(self, *, count: int, concurrency: int, db_port: int, log_dir: Path) -> None:
+    def __init__(
+        self,
+        *,
+        count: int,
+        concurrency: int,
+        db_port: int,
+        log_dir: Path,
+        extra_args: tuple[str, ...] = (),
+        extra_env: dict[str, str] | None = None,
+    ) -> None:
         self.count = count
         self.concurrency = concurrency
         self.db_port = db_port
         self.log_dir = log_dir
+        self.extra_args = extra_args  # Worker flags, e.g. --poll-only behind a pooler.
+        self.extra_env = extra_env or {}
         self.lock = threading.RLock()
         self.current: dict[int, Incarnation] = {}
         self.history: list[Incarnation] = []
@@ -47,6 +58,7 @@ class WorkerPool:
         env["CONVEYOR_FAULTS_PG_PORT"] = str(self.db_port)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
         env["PYTHONUNBUFFERED"] = "1"
+        env.update(self.extra_env)
         return env
 
     def start_all(self) -> None:
@@ -71,6 +83,7 @@ class WorkerPool:
                         str(self.concurrency),
                         "--worker-id",
                         worker_id,
+                        *self.extra_args,
                     ],
                     cwd=REPO,
                     env=self.env(),

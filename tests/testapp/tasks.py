@@ -151,3 +151,11 @@ def report_keys(context):
         "token": context.token,
         "held": context.lease_held(),
     }
+
+
+@task(queue_name="emails", priority=5, max_attempts=3)
+def nightly_report(full=False):
+    return {"full": full}
+
+
+not_a_task = "just a string"

@@ -68,6 +68,6 @@ class Command(BaseCommand):
         if options["dry_run"]:
             self.stdout.write(f"Would {options['action']} {len(ids)} job(s).")
             return
-        changed = action(ids, database=database)
+        changed = action(ids, database=database, actor="cli")
         verb = {"requeue": "Requeued", "cancel": "Cancelled"}[options["action"]]
         self.stdout.write(f"{verb} {len(changed)} job(s).")

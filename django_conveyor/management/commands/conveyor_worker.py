@@ -130,6 +130,10 @@ class Command(BaseCommand):
             help="Worker id (default: host:pid:random).",
         )
         parser.add_argument(
+            "--no-cron", action="store_true",
+            help="Run no scheduler: enqueue no ticks of periodic schedules (CONVEYOR['CRON']).",
+        )  # fmt: skip
+        parser.add_argument(
             "--backend",
             default="default",
             help="The TASKS alias whose queues to work (default 'default').",
@@ -168,6 +172,7 @@ class Command(BaseCommand):
             prefetch=options["prefetch"],
             max_jobs=options["max_jobs"],
             worker_id=options["worker_id"],
+            cron=not options["no_cron"],
         )
         if options["processes"] == 1:
             code = Worker(worker_options).run()

@@ -42,6 +42,7 @@ def specs(repo: Path) -> dict[str, EnvSpec]:
         "django-ox": EnvSpec("django-ox", ("django-ox==1.9.1", DJANGO, PSYCOPG), "django-ox"),
         "celery": EnvSpec("celery", ("celery[redis]==5.7.0",), "celery"),
         "_plot": EnvSpec("_plot", ("matplotlib==3.11.2",), "matplotlib"),
+        "_tools": EnvSpec("_tools", ("py-spy==0.4.3",), "py-spy"),
     }
 
 

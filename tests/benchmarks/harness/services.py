@@ -54,6 +54,7 @@ class Postgres:
     url: str
     data_dir: Path | None = None  # set when this run started the server
     stopper: Path | None = None  # venv python that can import django_conveyor
+    data_dir_any: Path | None = None  # the embedded server's folder, whoever started it
 
     @classmethod
     def start(cls, conveyor_py: Path | None, data_dir: Path, port: int) -> Postgres:
@@ -78,7 +79,7 @@ class Postgres:
             tail = out.stderr.strip().splitlines()[-3:]
             raise RuntimeError("embedded PostgreSQL failed: " + " | ".join(tail))
         url = out.stdout.strip().splitlines()[-1]
-        return cls(url, None if already else data_dir, conveyor_py)
+        return cls(url, None if already else data_dir, conveyor_py, data_dir)
 
     def stop(self) -> None:
         if self.data_dir is None or self.stopper is None:

@@ -14,6 +14,9 @@ from bench_common import SYSTEMS_DIR
 class CeleryAdapter:
     name = "celery"
     has_burst = False
+    main_table = None
+    floor_description = "a bare LPUSH on the producer's Redis connection (Celery has no database)"
+    bulk_description = "apply_async on one producer per job (no bulk API)"
 
     def __init__(self, params: dict[str, Any]) -> None:
         os.environ["BENCH_REDIS_URL"] = params["redis_url"]
@@ -29,6 +32,29 @@ class CeleryAdapter:
             conn.default_channel.client.flushdb()
         return {}
 
+    def redis(self) -> Any:
+        if getattr(self, "_redis", None) is None:
+            self._conn = self.mod.app.connection_for_write()
+            self._redis = self._conn.default_channel.client
+        return self._redis
+
+    def floor_setup(self) -> None:
+        self.redis().delete("bench_floor")
+
+    def floor_insert(self, i: int) -> None:
+        self.redis().lpush("bench_floor", f"[{i}]")
+
+    def pending(self) -> int:
+        """Messages still in the queue or delivered but not acknowledged (kombu's hash)."""
+        r = self.redis()
+        return int(r.llen("default")) + int(r.hlen("unacked"))
+
+    def analyze(self) -> None:
+        pass
+
+    def table_stats(self) -> dict[str, Any] | None:
+        return None
+
     def enqueue_one(self, kind: str, seq: int) -> None:
         self.mod.KINDS[kind].delay(seq)
 
@@ -38,13 +64,13 @@ class CeleryAdapter:
             for seq in seqs:
                 task.apply_async((seq,), producer=producer)
 
-    @staticmethod
-    def pool(concurrency: int) -> str:
-        return "solo" if concurrency == 1 else "threads"
-
     def worker_argvs(
-        self, kind: str, processes: int, concurrency: int, burst: bool
+        self, kind: str, processes: int, setting: dict[str, Any], burst: bool
     ) -> list[list[str]]:
+        pool = setting.get("pool", "solo")
+        # prefork: one worker whose pool has one child process per process of the layout
+        instances = 1 if pool == "prefork" else processes
+        concurrency = processes if pool == "prefork" else int(setting.get("concurrency", 1))
         return [
             [
                 sys.executable,
@@ -56,11 +82,11 @@ class CeleryAdapter:
                 "-Q",
                 "default",
                 "-P",
-                self.pool(concurrency),
+                pool,
                 "-c",
                 str(concurrency),
                 "--prefetch-multiplier",
-                str(self.mod.PREFETCH),
+                str(setting.get("prefetch", 64)),
                 "--without-gossip",
                 "--without-mingle",
                 "--without-heartbeat",
@@ -69,19 +95,19 @@ class CeleryAdapter:
                 "-n",
                 f"w{i}@%h",
             ]
-            for i in range(processes)
+            for i in range(instances)
         ]
 
-    def knobs(self, kind: str, processes: int, concurrency: int) -> dict[str, Any]:
+    def knobs(self, kind: str, processes: int, setting: dict[str, Any]) -> dict[str, Any]:
+        pool = setting.get("pool", "solo")
         return {
-            "processes": processes,
-            "pool": self.pool(concurrency),
-            "concurrency": concurrency,
-            "prefetch_multiplier": self.mod.PREFETCH,
+            "worker_instances": 1 if pool == "prefork" else processes,
+            "pool": pool,
+            "concurrency": processes if pool == "prefork" else setting.get("concurrency", 1),
+            "prefetch_multiplier": setting.get("prefetch", 64),
             "result_backend": None,
             "acks": "early (default)",
             "flags": "--without-gossip --without-mingle --without-heartbeat",
-            "bulk_enqueue": "apply_async on one producer (no bulk API)",
         }
 
     def count_finished(self) -> int | None:
@@ -91,7 +117,8 @@ class CeleryAdapter:
         raise NotImplementedError("celery: Redis broker keeps no finished-job history")
 
     def close(self) -> None:
-        pass
+        if getattr(self, "_conn", None) is not None:
+            self._conn.release()
 
 
 if __name__ == "__main__":

@@ -17,7 +17,10 @@ FUNCS = {"noop": bench_common.noop_job_async, "relay": bench_common.relay_job_as
 class ChancyAdapter(AsyncAdapter):
     name = "chancy"
     has_burst = False
+    main_table = "chancy_jobs"
     finished_sql = "SELECT count(*) FROM chancy_jobs WHERE state = 'succeeded'"
+    pending_sql = "SELECT count(*) FROM chancy_jobs WHERE state NOT IN ('succeeded', 'failed')"
+    bulk_description = "chancy.push_many(jobs)"
 
     def __init__(self, params: dict[str, Any]) -> None:
         super().__init__(params)
@@ -41,6 +44,10 @@ class ChancyAdapter(AsyncAdapter):
             eager_polling=True,
         )
 
+    async def afloor(self, i: int) -> None:
+        async with self.chancy.pool.connection() as conn:
+            await conn.execute("INSERT INTO bench_floor (payload) VALUES (%s)", [f"[{i}]"])
+
     async def aenqueue(self, seqs: list[int], kind: str) -> None:
         base = Job.from_func(FUNCS[kind], queue="default")
         if len(seqs) == 1:
@@ -49,20 +56,21 @@ class ChancyAdapter(AsyncAdapter):
             async for _refs in self.chancy.push_many([base.with_kwargs(seq=s) for s in seqs]):
                 pass
 
-    def knobs(self, kind: str, processes: int, concurrency: int) -> dict[str, Any]:
+    def knobs(self, kind: str, processes: int, setting: dict[str, Any]) -> dict[str, Any]:
         return {
             "processes": processes,
-            "queue_concurrency": concurrency,
+            "queue_concurrency": int(setting.get("concurrency", 10)),
             "executor": "AsyncExecutor",
             "polling_interval_s": 1,
             "eager_polling": True,
             "notifications": True,
-            "bulk_enqueue": "push_many (1,000 per call)",
         }
 
     def work(self, p: dict[str, Any]) -> None:
         async def go() -> None:
-            await self.chancy.declare(self.queue(int(p["concurrency"])), upsert=True)
+            await self.chancy.declare(
+                self.queue(int(p["setting"].get("concurrency", 10))), upsert=True
+            )
             stop = asyncio.Event()
             for sig in (signal.SIGTERM, signal.SIGINT):
                 asyncio.get_running_loop().add_signal_handler(sig, stop.set)

@@ -1,9 +1,400 @@
-"""Benchmark adapter entry point (runs inside its own virtualenv)."""
+"""django-conveyor's adapter, plus the workloads that exist for it alone.
+
+- growth: the drain with 10^6 finished or ready rows in the table, with 8
+  worker processes, and over 100 queues;
+- limit: what PostgreSQL alone needs for the CLAIM and COMPLETE statements of
+  `django_conveyor/protocol.py`, driven by a tight psycopg loop (pipeline
+  mode, no worker Python), one connection per "process";
+- profile: a long drain by one worker process with py-spy attached.
+"""
 
 from __future__ import annotations
 
+import json
+import multiprocessing
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
 import bench_common
-import djsystems
+from bench_common import Run, stop, tail, timed
+from djsystems import DjangoAdapter
+
+TABLE = "conveyor_job"
+BACKLOG_QUEUE = "backlog"  # rows of the growth workload that no worker serves
+READY_SEQ_FROM = 0
+
+
+class ConveyorAdapter(DjangoAdapter):
+    name = "conveyor"
+    main_table = TABLE
+    finished_sql = f"SELECT count(*) FROM {TABLE} WHERE state = 'completed'"
+    pending_sql = f"SELECT count(*) FROM {TABLE} WHERE state IN ('available', 'running')"
+    bulk_description = "task.enqueue_many(calls)"
+
+    def __init__(self, params: dict[str, Any]) -> None:
+        super().__init__(params)
+        self.workloads = {
+            "growth": workload_growth,
+            "limit": workload_limit,
+            "profile": workload_profile,
+        }
+
+    def enqueue_bulk(self, kind: str, seqs: Sequence[int], queue: str | None = None) -> None:
+        task = self.task(kind)
+        if queue:
+            task = task.using(queue_name=queue)
+        task.enqueue_many([((seq,), {}) for seq in seqs])
+
+    def pending_in(self, queues: Sequence[str]) -> int:
+        rows = self.sql(self.pending_sql + " AND queue = ANY(%s)", [list(queues)])
+        return int(rows[0][0])
+
+    def worker_argvs(
+        self, kind: str, processes: int, setting: dict[str, Any], burst: bool
+    ) -> list[list[str]]:
+        queues = setting.get("queues") or ["default"]
+        argv = self.manage(
+            "conveyor_worker",
+            "--queues",
+            ",".join(queues),
+            "--concurrency",
+            str(setting.get("concurrency", 10)),
+            "--processes",
+            str(processes),
+        )
+        if setting.get("prefetch") is not None:
+            argv += ["--prefetch", str(setting["prefetch"])]
+        return [argv + (["--burst"] if burst else [])]
+
+    def knobs(self, kind: str, processes: int, setting: dict[str, Any]) -> dict[str, Any]:
+        prefetch = setting.get("prefetch")
+        return {
+            "command": "conveyor_worker",
+            "processes": processes,
+            "concurrency": setting.get("concurrency", 10),
+            "prefetch": "adaptive (default)" if prefetch is None else prefetch,
+            "queues": len(setting.get("queues") or ["default"]),
+            "wakeup": "LISTEN/NOTIFY + polling (package defaults)",
+            "django.tasks logger": "WARNING",
+        }
+
+    def insert_rows(self, n: int, state: str, queue: str, seq_from: int = 0) -> None:
+        """Clone one enqueued job n times as `state` rows on `queue`, older than now.
+
+        Every column is copied from a real enqueued row (so columns added by
+        later migrations get their defaults), with the state and its
+        timestamps overridden. Ready rows get run_after an hour back, so they
+        come first in claim order.
+        """
+        self.task("noop").enqueue(-1)
+        template_id = _max_id(self)
+        finished = state == "completed"
+        overrides = {
+            "state": "%(state)s",
+            "queue": "%(queue)s",
+            "args": "jsonb_build_array(g)",
+            "attempt": "1" if finished else "0",
+            "idempotency_key": "NULL",
+            "lease_owner": "NULL",
+            "lease_expires_at": "NULL",
+            "run_after": "now() - interval '1 hour'",
+            "enqueued_at": "now() - interval '1 hour'",
+            "started_at": "now()" if finished else "NULL",
+            "finished_at": "now()" if finished else "NULL",
+        }
+        names = [
+            r[0]
+            for r in self.sql(
+                "SELECT column_name FROM information_schema.columns"
+                " WHERE table_name = %s AND column_name <> 'id' ORDER BY ordinal_position",
+                [TABLE],
+            )
+        ]
+        values = [overrides.get(name, f"t.{name}") for name in names]
+        from django.db import connection
+
+        with connection.cursor() as cur:
+            cur.execute(
+                f"INSERT INTO {TABLE} ({', '.join(names)})"
+                f" SELECT {', '.join(values)} FROM {TABLE} t,"
+                " generate_series(%(lo)s, %(hi)s) AS g WHERE t.id = %(id)s",
+                {
+                    "state": state,
+                    "queue": queue,
+                    "lo": seq_from,
+                    "hi": seq_from + n - 1,
+                    "id": template_id,
+                },
+            )
+            cur.execute(f"DELETE FROM {TABLE} WHERE id = %s", [template_id])
+
+
+def _max_id(a: ConveyorAdapter) -> int:
+    return int(a.sql(f"SELECT coalesce(max(id), 0) FROM {TABLE}")[0][0])
+
+
+def workload_growth(run: Run) -> dict[str, Any]:
+    """The drain under one growth condition; the figure is jobs/s as for the drain."""
+    p = run.params
+    a: ConveyorAdapter = run.adapter  # type: ignore[assignment]
+    figure, n, rows = p["figure"], int(p["jobs"]), int(p["rows"])
+    processes = run.processes
+    setting = dict(run.setting)
+    prefill_s = 0.0
+    burst = True
+    acknowledged = None
+    if figure == "finished-1e6":
+        prefill_s = timed(lambda: a.insert_rows(rows, "completed", "default", seq_from=-rows - 10))
+        a.sql(f"VACUUM ANALYZE {TABLE}")  # what autovacuum would have done by now
+        run.load(n)
+    elif figure == "ready-1e6":
+        # n of the 10^6 ready rows are drained; the rest stay ready throughout
+        prefill_s = timed(lambda: a.insert_rows(rows, "available", "default", READY_SEQ_FROM))
+        burst = False
+        since = _max_id(a) - rows
+
+        def acknowledged() -> bool:
+            done = a.sql(
+                f"SELECT count(*) FROM {TABLE} WHERE state = 'completed' AND id > %s", [since]
+            )
+            return int(done[0][0]) >= n
+
+    elif figure == "ready-other-queue-1e6":
+        # ready rows of a queue this worker does not serve, ahead in claim order
+        prefill_s = timed(
+            lambda: a.insert_rows(rows, "available", BACKLOG_QUEUE, seq_from=-rows - 10)
+        )
+        run.load(n)
+
+        def acknowledged() -> bool:
+            return a.pending_in(["default"]) <= 0
+
+    elif figure == "processes-8":
+        processes = int(p["growth_processes"])
+        run.load(n)
+    elif figure == "queues-100":
+        queues = [f"q{i}" for i in range(int(p["growth_queues"]))]
+        setting["queues"] = queues
+        per = n // len(queues)
+        for i, queue in enumerate(queues):
+            a.enqueue_bulk("noop", list(range(i * per, (i + 1) * per)), queue=queue)
+        n = per * len(queues)
+    else:  # base
+        run.load(n)
+    a.analyze()
+    started = time.time()
+    procs = run.start_workers(burst=burst, processes=processes, setting=setting)
+    out = run.drain(
+        n,
+        procs,
+        float(p.get("timeout", 1800)),
+        acknowledged,
+        started=started,
+        first_n=figure == "ready-1e6",  # the first n of the 10^6 ready rows
+        burst=burst,
+    )
+    out.update(
+        {
+            "figure": figure,
+            "rows_in_table_first": rows if figure.endswith("1e6") else 0,
+            "prefill_s": prefill_s,
+            "knobs": a.knobs("noop", processes, setting),
+        }
+    )
+    return out
+
+
+# ---------------------------------------------------------------- physical limit
+
+
+# A diagnostic variant, not the shipped SQL: the paused-queue filter written as an
+# anti-join. `queue <> ALL(ARRAY(SELECT ...))` makes the planner estimate one row
+# and sort every ready row per claim; NOT EXISTS keeps the claim index (see
+# docs/performance.md). The limit workload measures both.
+PAUSED_FILTER = "AND queue <> ALL(ARRAY(SELECT name FROM conveyor_queue WHERE paused))"
+PAUSED_ANTI_JOIN = (
+    "AND NOT EXISTS (SELECT 1 FROM conveyor_queue q WHERE q.name = conveyor_job.queue AND q.paused)"
+)
+
+
+def claim_sql(protocol: Any, variant: str) -> str:
+    if variant == "protocol":
+        return protocol.CLAIM
+    if PAUSED_FILTER not in protocol.CLAIM:
+        raise RuntimeError(
+            "protocol.CLAIM no longer has the paused-queue filter this variant edits"
+        )
+    return protocol.CLAIM.replace(PAUSED_FILTER, PAUSED_ANTI_JOIN)
+
+
+def _limit_process(
+    url: str, batch: int, pipeline: bool, barrier: Any, results: Any, claim: str, protocol: Any
+) -> None:
+    import psycopg
+    from psycopg.types.string import TextLoader
+
+    conn = psycopg.connect(url, autocommit=True)
+    conn.prepare_threshold = 2  # as the worker's connection
+    for name in ("jsonb", "json", "timestamptz"):  # no decoding: the SQL, not Python
+        conn.adapters.register_loader(name, TextLoader)
+    owner = f"limit:{os.getpid()}"
+    claim_params = {"queues": ["default"], "limit": batch, "owner": owner, "lease": 300.0}
+    held: str | None = None
+    cycles = 0
+    complete_cur, claim_cur = conn.cursor(), conn.cursor()
+    barrier.wait()
+    while True:
+        cycles += 1
+        if pipeline:
+            with conn.pipeline() as pipe:
+                conn.execute("BEGIN")
+                if held:
+                    complete_cur.execute(protocol.COMPLETE, {"held": held, "owner": owner})
+                claim_cur.execute(claim, claim_params)
+                conn.execute("COMMIT")
+                pipe.sync()
+                rows = claim_cur.fetchall()
+        else:  # what a plain psycopg transaction costs: BEGIN, statements, COMMIT
+            with conn.transaction():
+                if held:
+                    complete_cur.execute(protocol.COMPLETE, {"held": held, "owner": owner})
+                claim_cur.execute(claim, claim_params)
+                rows = claim_cur.fetchall()
+        if not rows:
+            break
+        held = json.dumps([{"id": r[0], "version": r[9], "return_value": None} for r in rows])
+    results.put(cycles)
+    conn.close()
+
+
+def workload_limit(run: Run) -> dict[str, Any]:
+    """CLAIM + COMPLETE of n jobs, batch by batch, in one transaction per cycle."""
+    from django.db import connections
+
+    from django_conveyor import protocol
+
+    p = run.params
+    a: ConveyorAdapter = run.adapter  # type: ignore[assignment]
+    n = int(p["jobs"])
+    batch = int(run.setting.get("batch", 50))
+    pipeline = bool(run.setting.get("pipeline", True))
+    variant = str(run.setting.get("claim", "protocol"))
+    claim = claim_sql(protocol, variant)
+    run.load(n)
+    a.analyze()
+    connections.close_all()  # never share a connection across fork
+    ctx = multiprocessing.get_context("fork")
+    barrier = ctx.Barrier(run.processes + 1)
+    results = ctx.SimpleQueue()
+    procs = [
+        ctx.Process(
+            target=_limit_process,
+            args=(a.database_url, batch, pipeline, barrier, results, claim, protocol),
+        )
+        for _ in range(run.processes)
+    ]
+    for proc in procs:
+        proc.start()
+    barrier.wait(timeout=120)
+    t0 = time.time()
+    for proc in procs:
+        proc.join(timeout=float(p.get("timeout", 900)))
+    t1 = time.time()
+    cycles = sum(results.get() for proc in procs if proc.exitcode == 0)
+    finished = a.count_finished()
+    if finished != n:
+        raise RuntimeError(f"physical limit: {finished} of {n} jobs completed")
+    return {
+        "jobs_per_s": n / (t1 - t0),
+        "window_s": t1 - t0,
+        "handled": finished,
+        "cycles": cycles,
+        "knobs": {
+            "statements": "protocol.CLAIM then protocol.COMPLETE of the previous batch, "
+            "one transaction per cycle",
+            "processes": run.processes,
+            "batch": batch,
+            "pipeline": pipeline,
+            "claim_sql": "protocol.CLAIM as shipped"
+            if variant == "protocol"
+            else "diagnostic: paused-queue filter as NOT EXISTS (not the shipped SQL)",
+            "round_trips_per_cycle": 1 if pipeline else 4,
+            "driver": "psycopg, jsonb/timestamptz left as text",
+        },
+    }
+
+
+# ---------------------------------------------------------------- profile
+
+
+def workload_profile(run: Run) -> dict[str, Any]:
+    """One worker process drains n jobs; py-spy samples it between 5% and 95%."""
+    p = run.params
+    a: ConveyorAdapter = run.adapter  # type: ignore[assignment]
+    n = int(p["jobs"])
+    pyspy, rate = p["pyspy"], int(p.get("rate", 200))
+    out_dir = p["profile_dir"]
+    os.makedirs(out_dir, exist_ok=True)
+    run.load(n)
+    a.analyze()
+    procs = run.start_workers(burst=True, processes=1)
+    pid = procs[0].pid  # --processes 1 runs the worker in the command's process
+    files = {
+        "gil": os.path.join(out_dir, "conveyor-worker-gil.txt"),
+        "wall": os.path.join(out_dir, "conveyor-worker-wall.txt"),
+    }
+    commands = {
+        # only the thread holding the GIL: where the process's Python time goes
+        "gil": [pyspy, "record", "--pid", str(pid), "--rate", str(rate), "--gil",
+                "--nonblocking", "--threads", "--format", "raw", "--output", files["gil"]],
+        # every thread, waiting included: where each thread's wall time goes
+        "wall": [pyspy, "record", "--pid", str(pid), "--rate", str(max(rate // 2, 50)),
+                 "--idle", "--nonblocking", "--threads", "--format", "raw",
+                 "--output", files["wall"]],
+    }  # fmt: skip
+    try:
+        deadline = time.monotonic() + 600
+        while run.reader.count() < n * 0.05:
+            if time.monotonic() > deadline or procs[0].poll() is not None:
+                raise RuntimeError(f"worker did not start draining: {tail(run.log)}")
+            time.sleep(0.02)
+        spies = {}
+        for key, cmd in commands.items():
+            with open(files[key] + ".log", "w") as err:
+                spies[key] = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)
+        time.sleep(0.5)  # py-spy attaches
+        c0, t0 = run.reader.count(), time.time()
+        while run.reader.count() < n * 0.95 and procs[0].poll() is None:
+            time.sleep(0.02)
+        c1, t1 = run.reader.count(), time.time()
+        for spy in spies.values():
+            spy.send_signal(signal.SIGINT)  # py-spy writes its file on Ctrl-C
+        for spy in spies.values():
+            spy.wait(timeout=60)
+        out = run.drain(n, procs, 600)
+    finally:
+        stop(procs)
+    missing = [f for f in files.values() if not os.path.exists(f)]
+    if missing:
+        raise RuntimeError(f"py-spy wrote no profile: {tail(Path(missing[0] + '.log'))}")
+    out.update(
+        {
+            "profiled_jobs": c1 - c0,
+            "profiled_s": t1 - t0,
+            "profiled_jobs_per_s": (c1 - c0) / (t1 - t0),
+            "rate_hz": {"gil": rate, "wall": max(rate // 2, 50)},
+            "files": files,
+            "commands": {k: " ".join(v) for k, v in commands.items()},
+            "knobs": run.knobs(),
+        }
+    )
+    return out
+
 
 if __name__ == "__main__":
-    bench_common.main(djsystems.ConveyorAdapter)
+    bench_common.main(ConveyorAdapter)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections.abc import Sequence
@@ -10,7 +11,12 @@ from typing import Any
 from bench_common import SYSTEMS_DIR
 
 MANAGE = str(SYSTEMS_DIR / "djproject" / "manage.py")
-POLL_INTERVAL = 0.1  # seconds, for the two polling-only peers
+FLOOR_TABLE = "bench_floor"
+FLOOR_DDL = (
+    f"CREATE TABLE IF NOT EXISTS {FLOOR_TABLE} "
+    "(id bigserial PRIMARY KEY, payload jsonb NOT NULL, created_at timestamptz DEFAULT now())"
+)
+FLOOR_INSERT = f"INSERT INTO {FLOOR_TABLE} (payload) VALUES (%s)"
 
 
 def setup_django(system: str, database_url: str) -> None:
@@ -25,13 +31,68 @@ def setup_django(system: str, database_url: str) -> None:
     django.setup()
 
 
-class DjangoAdapter:
+def table_stats_sql(table: str) -> str:
+    return (
+        "SELECT n_live_tup, n_dead_tup, pg_total_relation_size(relid) / 1048576.0,"
+        " autovacuum_count, autoanalyze_count"
+        f" FROM pg_stat_user_tables WHERE relname = '{table}'"
+    )
+
+
+def stats_row(row: Sequence[Any] | None) -> dict[str, Any] | None:
+    if not row:
+        return None
+    live, dead, size_mb, vacuums, analyzes = row
+    return {
+        "n_live_tup": int(live),
+        "n_dead_tup": int(dead),
+        "size_mb": round(float(size_mb), 1),
+        "autovacuum_count": int(vacuums),
+        "autoanalyze_count": int(analyzes),
+    }
+
+
+class StoreQueries:
+    """What the harness asks of a system's PostgreSQL store, given `self.sql`."""
+
+    finished_sql = ""
+    pending_sql = ""
+    main_table: str | None = None
+
+    def sql(self, statement: str, params: Sequence[Any] | None = None) -> list[Any]:
+        raise NotImplementedError
+
+    def count_finished(self) -> int:
+        return int(self.sql(self.finished_sql)[0][0])
+
+    def pending(self) -> int:
+        return int(self.sql(self.pending_sql)[0][0])
+
+    def analyze(self) -> None:
+        self.sql("ANALYZE")
+
+    def table_stats(self) -> dict[str, Any] | None:
+        if not self.main_table:
+            return None
+        rows = self.sql(table_stats_sql(self.main_table))
+        return stats_row(rows[0] if rows else None)
+
+    def floor_setup(self) -> None:
+        self.sql(FLOOR_DDL)
+
+
+class DjangoAdapter(StoreQueries):
     name = "django"
     has_burst = True
-    finished_sql = ""
+    floor_description = (
+        f"INSERT INTO {FLOOR_TABLE} (payload jsonb) on Django's connection, autocommit "
+        "(its own transaction: one round trip, one commit)"
+    )
+    bulk_description = "the system's bulk API"
 
     def __init__(self, params: dict[str, Any]) -> None:
         setup_django(self.name, params["database_url"])
+        self.database_url = params["database_url"]
 
     @staticmethod
     def task(kind: str) -> Any:
@@ -45,6 +106,13 @@ class DjangoAdapter:
         call_command("migrate", verbosity=0, interactive=False)
         return {}
 
+    def sql(self, statement: str, params: Sequence[Any] | None = None) -> list[Any]:
+        from django.db import connection
+
+        with connection.cursor() as cur:
+            cur.execute(statement, params)
+            return list(cur.fetchall()) if cur.description else []
+
     def enqueue_one(self, kind: str, seq: int) -> None:
         self.task(kind).enqueue(seq)
 
@@ -56,19 +124,15 @@ class DjangoAdapter:
             for seq in seqs:
                 task.enqueue(seq)
 
-    def manage(self, *args: str) -> list[str]:
-        # -v 0 for every Django system: no per-job log lines on the hot path
-        return [sys.executable, MANAGE, *args, "--verbosity", "0"]
-
-    def count_finished(self) -> int:
+    def floor_insert(self, i: int) -> None:
         from django.db import connection
 
         with connection.cursor() as cur:
-            cur.execute(self.finished_sql)
-            return int(cur.fetchone()[0])
+            cur.execute(FLOOR_INSERT, [json.dumps([i])])
 
-    def insert_finished(self, n: int) -> None:
-        raise NotImplementedError(f"{self.name}: history pre-insert not implemented")
+    def manage(self, *args: str) -> list[str]:
+        # -v 0 for every Django system: no per-job log lines on the hot path
+        return [sys.executable, MANAGE, *args, "--verbosity", "0"]
 
     def close(self) -> None:
         from django.db import connections
@@ -76,105 +140,46 @@ class DjangoAdapter:
         connections.close_all()
 
 
-class ConveyorAdapter(DjangoAdapter):
-    name = "conveyor"
-    finished_sql = "SELECT count(*) FROM conveyor_job WHERE state = 'completed'"
-
-    def enqueue_bulk(self, kind: str, seqs: Sequence[int]) -> None:
-        task = self.task(kind)
-        for i in range(0, len(seqs), 5000):
-            task.enqueue_many([((seq,), {}) for seq in seqs[i : i + 5000]])
-
-    def worker_argvs(
-        self, kind: str, processes: int, concurrency: int, burst: bool
-    ) -> list[list[str]]:
-        argv = self.manage(
-            "conveyor_worker",
-            "--queues",
-            "default",
-            "--concurrency",
-            str(concurrency),
-            "--processes",
-            str(processes),
-        )
-        return [argv + (["--burst"] if burst else [])]
-
-    def knobs(self, kind: str, processes: int, concurrency: int) -> dict[str, Any]:
-        return {
-            "command": "conveyor_worker",
-            "processes": processes,
-            "concurrency": concurrency,
-            "bulk_enqueue": "enqueue_many (5,000 per call)",
-            "wakeup": "LISTEN/NOTIFY + polling (package defaults)",
-        }
-
-    def insert_finished(self, n: int) -> None:
-        """Clone one enqueued job n times as finished history, then VACUUM ANALYZE."""
-        from django.db import connection
-
-        self.task("noop").enqueue(-1)  # template row; never run (deleted below)
-        overrides = {
-            "state": "'completed'",
-            "attempt": "1",
-            "idempotency_key": "NULL",
-            "lease_owner": "NULL",
-            "lease_expires_at": "NULL",
-            "started_at": "now()",
-            "finished_at": "now()",
-        }
-        with connection.cursor() as cur:
-            cur.execute(
-                "SELECT column_name FROM information_schema.columns"
-                " WHERE table_name = 'conveyor_job' AND column_name <> 'id'"
-            )
-            names = [row[0] for row in cur.fetchall()]
-            values = [overrides.get(name, name) for name in names]
-            cur.execute(
-                f"INSERT INTO conveyor_job ({', '.join(names)})"
-                f" SELECT {', '.join(values)} FROM conveyor_job, generate_series(1, %s)"
-                " WHERE id = (SELECT max(id) FROM conveyor_job)",
-                [n],
-            )
-            cur.execute("DELETE FROM conveyor_job WHERE state <> 'completed'")
-            cur.execute("VACUUM ANALYZE conveyor_job")  # what autovacuum would do
-
-
 class TasksDbAdapter(DjangoAdapter):
     name = "django-tasks-db"
-    finished_sql = (
-        "SELECT count(*) FROM django_tasks_database_dbtaskresult WHERE status = 'SUCCESSFUL'"
-    )
+    main_table = "django_tasks_database_dbtaskresult"
+    finished_sql = f"SELECT count(*) FROM {main_table} WHERE status = 'SUCCESSFUL'"
+    pending_sql = f"SELECT count(*) FROM {main_table} WHERE status IN ('READY', 'RUNNING')"
+    bulk_description = "enqueue() per job inside one transaction (no bulk API)"
 
     def worker_argvs(
-        self, kind: str, processes: int, concurrency: int, burst: bool
+        self, kind: str, processes: int, setting: dict[str, Any], burst: bool
     ) -> list[list[str]]:
-        # one task at a time per process: slots are processes
+        # one task at a time per process: for the relay's slots, slots are processes
         argv = self.manage(
             "db_worker",
             "--queue-name",
             "default",
             "--interval",
-            str(POLL_INTERVAL),
+            str(setting.get("interval", 0.1)),
             "--no-startup-delay",
             "--no-reload",
         )
         argv += ["--batch"] if burst else []
-        return [list(argv) for _ in range(processes * concurrency)]
+        count = processes * int(setting.get("processes_per_slot", 1))
+        return [list(argv) for _ in range(count)]
 
-    def knobs(self, kind: str, processes: int, concurrency: int) -> dict[str, Any]:
+    def knobs(self, kind: str, processes: int, setting: dict[str, Any]) -> dict[str, Any]:
         return {
             "command": "db_worker",
-            "processes": processes * concurrency,
+            "processes": processes * int(setting.get("processes_per_slot", 1)),
             "tasks_per_process": 1,
-            "interval_s": POLL_INTERVAL,
-            "bulk_enqueue": "enqueue() per job in one transaction (no bulk API)",
+            "interval_s": setting.get("interval", 0.1),
             "wakeup": "polling only",
         }
 
 
 class OxAdapter(DjangoAdapter):
     name = "django-ox"
-    finished_sql = "SELECT count(*) FROM django_ox_oxtask WHERE status = 'SUCCESSFUL'"
+    main_table = "django_ox_oxtask"
+    finished_sql = f"SELECT count(*) FROM {main_table} WHERE status = 'SUCCESSFUL'"
+    pending_sql = f"SELECT count(*) FROM {main_table} WHERE status IN ('READY', 'RUNNING')"
+    bulk_description = "django_ox.bulk.enqueue_many"
 
     def enqueue_bulk(self, kind: str, seqs: Sequence[int]) -> None:
         from django_ox.bulk import enqueue_many
@@ -182,7 +187,7 @@ class OxAdapter(DjangoAdapter):
         enqueue_many(self.task(kind), [((seq,), {}) for seq in seqs])
 
     def worker_argvs(
-        self, kind: str, processes: int, concurrency: int, burst: bool
+        self, kind: str, processes: int, setting: dict[str, Any], burst: bool
     ) -> list[list[str]]:
         # --processes cannot be combined with --batch, so one command per process
         argv = self.manage(
@@ -190,19 +195,18 @@ class OxAdapter(DjangoAdapter):
             "--queues",
             "default",
             "--concurrency",
-            str(concurrency),
+            str(setting.get("concurrency", 4)),
             "--interval",
-            str(POLL_INTERVAL),
+            str(setting.get("interval", 0.1)),
         )
         argv += ["--batch"] if burst else []
         return [list(argv) for _ in range(processes)]
 
-    def knobs(self, kind: str, processes: int, concurrency: int) -> dict[str, Any]:
+    def knobs(self, kind: str, processes: int, setting: dict[str, Any]) -> dict[str, Any]:
         return {
             "command": "ox_worker",
             "processes": processes,
-            "concurrency": concurrency,
-            "interval_s": POLL_INTERVAL,
-            "bulk_enqueue": "django_ox.bulk.enqueue_many",
+            "concurrency": setting.get("concurrency", 4),
+            "interval_s": setting.get("interval", 0.1),
             "wakeup": "polling only",
         }

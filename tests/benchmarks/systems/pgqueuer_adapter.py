@@ -13,21 +13,26 @@ from pgqueuer import AsyncpgDriver, PgQueuer, Queries
 from pgqueuer.models import Job
 from pgqueuer.types import QueueExecutionMode
 
-DRAIN_BATCH = 10
-
 
 class PgqueuerAdapter(AsyncAdapter):
     name = "pgqueuer"
+    main_table = "pgqueuer"
     finished_sql = "SELECT count(*) FROM pgqueuer_log WHERE status = 'successful'"
+    # a finished job is deleted from the queue table (and logged) in one statement
+    pending_sql = "SELECT count(*) FROM pgqueuer WHERE status IN ('queued', 'picked')"
+    bulk_description = "Queries.enqueue(lists of entrypoints, payloads, priorities)"
 
     def __init__(self, params: dict[str, Any]) -> None:
         super().__init__(params)
         self.conn: asyncpg.Connection | None = None
+        self._queries: Queries | None = None
 
     async def queries(self) -> Queries:
-        if self.conn is None:
+        """One connection and one Queries object for every call (built once)."""
+        if self._queries is None:
             self.conn = await asyncpg.connect(self.url)
-        return Queries(AsyncpgDriver(self.conn))
+            self._queries = Queries(AsyncpgDriver(self.conn))
+        return self._queries
 
     def install(self) -> dict[str, Any]:
         async def go() -> None:
@@ -36,6 +41,11 @@ class PgqueuerAdapter(AsyncAdapter):
         self.run(go())
         return {}
 
+    async def afloor(self, i: int) -> None:
+        await self.queries()  # the connection Queries uses
+        assert self.conn is not None
+        await self.conn.execute("INSERT INTO bench_floor (payload) VALUES ($1)", f"[{i}]")
+
     async def aenqueue(self, seqs: list[int], kind: str) -> None:
         q = await self.queries()
         if len(seqs) == 1:
@@ -43,24 +53,18 @@ class PgqueuerAdapter(AsyncAdapter):
         else:
             await q.enqueue([kind] * len(seqs), [str(s).encode() for s in seqs], [0] * len(seqs))
 
-    @staticmethod
-    def layout(kind: str, processes: int, concurrency: int) -> dict[str, Any]:
-        if kind == "noop":  # I/O-light: unlimited in-flight, default-ish batches
-            return {"batch_size": DRAIN_BATCH, "concurrency_limit": 0}
-        # relay: total slots enforced in SQL, one batch fills a process's slots
-        return {"batch_size": concurrency, "concurrency_limit": processes * concurrency}
-
-    def knobs(self, kind: str, processes: int, concurrency: int) -> dict[str, Any]:
+    def knobs(self, kind: str, processes: int, setting: dict[str, Any]) -> dict[str, Any]:
         return {
             "processes": processes,
             "driver": "asyncpg",
             "entrypoints": "async def",
-            "bulk_enqueue": "Queries.enqueue(list, ...) (1,000 per call)",
-            **self.layout(kind, processes, concurrency),
+            "batch_size": setting.get("batch_size", 10),
+            "concurrency_limit": setting.get("concurrency_limit", 0) or "unlimited",
+            "mode": "drain (burst) / continuous",
         }
 
     def work(self, p: dict[str, Any]) -> None:
-        knobs = self.layout(p["kind"], int(p["processes"]), int(p["concurrency"]))
+        setting = p["setting"]
 
         async def go() -> None:
             conn = await asyncpg.connect(self.url)
@@ -72,11 +76,13 @@ class PgqueuerAdapter(AsyncAdapter):
             async def entry(job: Job) -> None:
                 await handler(int(job.payload or b"0"))
 
-            pgq.entrypoint(p["kind"], concurrency_limit=knobs["concurrency_limit"])(entry)
+            pgq.entrypoint(p["kind"], concurrency_limit=int(setting.get("concurrency_limit", 0)))(
+                entry
+            )
             for sig in (signal.SIGTERM, signal.SIGINT):  # graceful stop on SIGTERM
                 asyncio.get_running_loop().add_signal_handler(sig, pgq.shutdown.set)
             mode = QueueExecutionMode.drain if p["burst"] else QueueExecutionMode.continuous
-            await pgq.run(batch_size=knobs["batch_size"], mode=mode)
+            await pgq.run(batch_size=int(setting.get("batch_size", 10)), mode=mode)
 
         self.run(go())
 

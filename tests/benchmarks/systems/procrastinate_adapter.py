@@ -8,11 +8,13 @@ import bench_common
 import procrastinate
 from asyncbase import AsyncAdapter
 
+POOL_MAX = 40  # connections per worker process, at most (2 x 40 + the harness < 100)
 
-def build_app(url: str) -> procrastinate.App:
+
+def build_app(url: str, max_size: int = 10) -> procrastinate.App:
     """The app and its two tasks, bound to this run's database."""
     app = procrastinate.App(
-        connector=procrastinate.PsycopgConnector(conninfo=url, min_size=1, max_size=10)
+        connector=procrastinate.PsycopgConnector(conninfo=url, min_size=1, max_size=max_size)
     )
 
     @app.task(name="noop", queue="default")
@@ -28,16 +30,25 @@ def build_app(url: str) -> procrastinate.App:
 
 class ProcrastinateAdapter(AsyncAdapter):
     name = "procrastinate"
+    main_table = "procrastinate_jobs"
     finished_sql = "SELECT count(*) FROM procrastinate_jobs WHERE status = 'succeeded'"
+    pending_sql = "SELECT count(*) FROM procrastinate_jobs WHERE status IN ('todo', 'doing')"
+    bulk_description = "task.batch_defer_async(*kwargs)"
 
     def __init__(self, params: dict[str, Any]) -> None:
         super().__init__(params)
-        self.app = build_app(self.url)
+        concurrency = int((params.get("setting") or {}).get("concurrency", 8))
+        self.app = build_app(self.url, max_size=min(concurrency + 2, POOL_MAX))
         self.run(self.app.open_async())
 
     def install(self) -> dict[str, Any]:
         self.run(self.app.schema_manager.apply_schema_async())
         return {}
+
+    async def afloor(self, i: int) -> None:
+        pool = self.app.connector.pool  # type: ignore[attr-defined]
+        async with pool.connection() as conn:
+            await conn.execute("INSERT INTO bench_floor (payload) VALUES (%s)", [f"[{i}]"])
 
     async def aenqueue(self, seqs: list[int], kind: str) -> None:
         task = self.app.tasks[kind]
@@ -46,14 +57,14 @@ class ProcrastinateAdapter(AsyncAdapter):
         else:
             await task.batch_defer_async(*({"seq": s} for s in seqs))
 
-    def knobs(self, kind: str, processes: int, concurrency: int) -> dict[str, Any]:
+    def knobs(self, kind: str, processes: int, setting: dict[str, Any]) -> dict[str, Any]:
+        concurrency = int(setting.get("concurrency", 8))
         return {
             "processes": processes,
             "concurrency": concurrency,
+            "pool_max_size": min(concurrency + 2, POOL_MAX),
             "listen_notify": True,
-            "fetch_job_polling_interval_s": 5.0,
             "tasks": "async def",
-            "bulk_enqueue": "batch_defer_async (1,000 per call)",
             "delete_jobs": "never",
         }
 
@@ -61,7 +72,7 @@ class ProcrastinateAdapter(AsyncAdapter):
         self.run(
             self.app.run_worker_async(
                 queues=["default"],
-                concurrency=int(p["concurrency"]),
+                concurrency=int(p["setting"].get("concurrency", 8)),
                 wait=not p["burst"],
                 listen_notify=True,
                 install_signal_handlers=True,

@@ -11,6 +11,7 @@ expected, 1 otherwise.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import socket
@@ -18,6 +19,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from datetime import timedelta
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -26,19 +28,27 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
+from django.utils import timezone
 
+from django_conveyor import apikeys, schedules
+from django_conveyor.conf import conveyor_settings
 from django_conveyor.management.commands.conveyor_worker import positive_seconds
-from django_conveyor.models import Job, LedgerEntry
+from django_conveyor.models import ApiKey, Job, LedgerEntry
 from django_conveyor.states import FINAL_STATES, JobState
-from shop.models import GatewayCharge, Order, Payment
+from shop.models import GatewayCharge, Order, Payment, StockReport
 from shop.services import place_order, request_inventory_sync
-from shop.tasks import charge_payment, flaky_sync, send_receipt
+from shop.tasks import build_report, charge_payment, flaky_sync, nightly_stock_report, send_receipt
 
+REPORT_SCHEDULE = "nightly-stock-report"  # settings.CONVEYOR["CRON"]
 DEMO_USER = "demo"
 DEMO_PASSWORD = "conveyor-demo"  # A local demo login, printed on purpose.
+DEMO_API_KEY_NAME = "demo"
+DEMO_API_KEY_SCOPES = ("enqueue", "read", "operate", "metrics")
 WORKER_CONCURRENCY = 4
 WORKER_STOP_TIMEOUT_SECONDS = 30.0  # Past the worker's own shutdown timeout.
 POLL_INTERVAL_SECONDS = 0.25
+REPORT_SECONDS = 3600.0  # The long job left running for the console's cancel button.
+SCHEDULED_IN = timedelta(hours=1)
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 DEMO_ORDERS = [
@@ -48,6 +58,15 @@ DEMO_ORDERS = [
     ("barbara@example.com", "Burr grinder", 1, 12900),
     ("edsger@example.com", "Espresso cups, set of 4", 1, 2400),
 ]
+
+
+def curl_enqueue(base: str, api_key: str) -> str:
+    """A curl line that enqueues a receipt for order 1 through the HTTP API."""
+    body = json.dumps({"task": "shop.tasks.send_receipt", "args": [1]})
+    return (
+        f"curl -sS -X POST {base}/conveyor/api/jobs -H 'Authorization: Bearer {api_key}' "
+        f"-H 'Content-Type: application/json' -H 'Idempotency-Key: demo-receipt-1' -d '{body}'"
+    )
 
 
 def port_number(text: str) -> int:
@@ -120,6 +139,7 @@ class Command(BaseCommand):
         self.step("Migrating the database")
         call_command("migrate", interactive=False, verbosity=0)
         login = self.ensure_demo_user()
+        api_key = self.ensure_demo_api_key()
 
         previous = {sig: signal.signal(sig, raise_keyboard_interrupt) for sig in STOP_SIGNALS}
         worker = self.start_worker()
@@ -128,8 +148,11 @@ class Command(BaseCommand):
             jobs = self.enqueue_demo_jobs(options["orders"])
             settled = self.wait_for(jobs, worker, options["timeout"])
             settled = self.summarise(jobs) and settled
-            if not options["no_serve"]:
-                self.serve(options["port"], login, settled)
+            if options["no_serve"]:
+                self.show_api(f"http://127.0.0.1:{options['port']}", api_key)
+                self.stdout.write("    (run without --no-serve to serve the site and its API)")
+            else:
+                self.serve(options["port"], login, api_key, settled)
         except KeyboardInterrupt:
             interrupted = True
         finally:
@@ -160,6 +183,18 @@ class Command(BaseCommand):
             return f"user {DEMO_USER}, password {DEMO_PASSWORD}"
         return f"user {DEMO_USER} (its password was changed after the demo created it)"
 
+    def ensure_demo_api_key(self) -> str:
+        """The demo key (settings.SHOP_DEMO_API_KEY), made once: re-runs reuse it."""
+        raw = settings.SHOP_DEMO_API_KEY
+        live = ApiKey.objects.filter(name=DEMO_API_KEY_NAME, revoked_at__isnull=True).first()
+        if live is not None and live.secret_hash == apikeys.hash_key(raw):
+            return raw
+        if live is not None:
+            apikeys.revoke(DEMO_API_KEY_NAME)  # SHOP_DEMO_API_KEY changed since
+        apikeys.create(DEMO_API_KEY_NAME, DEMO_API_KEY_SCOPES, raw_key=raw)
+        self.step(f"Created the API key {DEMO_API_KEY_NAME!r} ({', '.join(DEMO_API_KEY_SCOPES)})")
+        return raw
+
     def start_worker(self) -> subprocess.Popen[bytes]:
         queues = ",".join(settings.TASKS["default"]["QUEUES"])
         manage_py = Path(settings.BASE_DIR) / "manage.py"
@@ -186,7 +221,9 @@ class Command(BaseCommand):
             f"Placing {plural(count, 'order')} (each enqueues a receipt and a charge) "
             "and one flaky job"
         )
-        jobs: dict[str, list[int]] = {"orders": [], "receipts": [], "charges": [], "flaky": []}
+        jobs: dict[str, list[int]] = {
+            "orders": [], "receipts": [], "charges": [], "flaky": [], "report": []
+        }  # fmt: skip
         for email, item, quantity, price in DEMO_ORDERS[:count]:
             order = place_order(email=email, item=item, quantity=quantity, unit_price_cents=price)
             jobs["orders"].append(order.pk)
@@ -198,12 +235,20 @@ class Command(BaseCommand):
             )
         jobs["flaky"].append(int(request_inventory_sync("COFFEE-1KG")))
         self.stdout.write(f"    inventory sync: job {jobs['flaky'][0]} (fails on every attempt)")
+        # The periodic job runs at 03:00 Berlin time; "run now" shows it at once.
+        # The worker syncs the schedule too; syncing here first avoids the race.
+        schedules.sync(conveyor_settings().DATABASE)
+        jobs["report"].append(schedules.run_now(REPORT_SCHEDULE).id)
+        self.stdout.write(
+            f"    {REPORT_SCHEDULE} (periodic, 0 3 * * * Europe/Berlin): run now as job "
+            f"{jobs['report'][0]}"
+        )
         return jobs
 
     def wait_for(
         self, jobs: dict[str, list[int]], worker: subprocess.Popen[bytes], timeout: float
     ) -> bool:
-        ids = [i for key in ("receipts", "charges", "flaky") for i in jobs[key]]
+        ids = [i for key in ("receipts", "charges", "flaky", "report") for i in jobs[key]]
         self.step(f"Waiting for {len(ids)} jobs to settle (up to {timeout:g}s)")
         started = time.monotonic()
         while True:
@@ -228,6 +273,7 @@ class Command(BaseCommand):
             (send_receipt, jobs["receipts"], JobState.COMPLETED),
             (charge_payment, jobs["charges"], JobState.COMPLETED),
             (flaky_sync, jobs["flaky"], JobState.DEAD),
+            (nightly_stock_report, jobs["report"], JobState.COMPLETED),
         ]
         ok = True
         for task, ids, wanted in expected:
@@ -238,7 +284,7 @@ class Command(BaseCommand):
             ok &= good
             described = ", ".join(f"{n} {state}" for state, n in sorted(states.items()))
             tries = ", ".join(f"{n} x {a}" for a, n in sorted(attempts.items()))
-            line = f"    {task.name:<15} queue {task.queue_name:<9} {described} (attempts: {tries})"
+            line = f"    {task.name:<20} queue {task.queue_name:<9} {described} (attempts: {tries})"
             self.stdout.write(self.style.SUCCESS(line) if good else self.style.ERROR(line))
         for job in Job.objects.filter(id__in=jobs["flaky"], state=JobState.DEAD):
             last = job.errors[-1] if job.errors else {}
@@ -247,6 +293,11 @@ class Command(BaseCommand):
                 f"{last.get('exception_class_path', 'none')}; see the dead letters in the admin"
             )
 
+        for report in StockReport.objects.filter(job_id__in=jobs["report"]):
+            self.stdout.write(
+                f"    stock report for {report.day}: {report.units} units sold "
+                f"(the day before the run; see the periodic schedules in the admin)"
+            )
         payments = Payment.objects.filter(order_id__in=jobs["orders"])
         ledger = LedgerEntry.objects.filter(job_id__in=jobs["charges"])
         keys = payments.values_list("idempotency_key", flat=True)
@@ -272,15 +323,37 @@ class Command(BaseCommand):
         self.stdout.write((self.style.SUCCESS if ok else self.style.ERROR)(f"    {verdict}"))
         return ok
 
-    def serve(self, port: int, login: str, settled: bool) -> None:
+    def enqueue_console_jobs(self) -> int:
+        """Something for the console to show besides finished jobs: one running, one later."""
+        report = build_report.enqueue(REPORT_SECONDS)
+        later = timezone.now() + SCHEDULED_IN
+        flaky_sync.using(run_after=later).enqueue("TEA-500G")
+        self.stdout.write(
+            f"    a long report (job {report.id}: running, cancel it from its page) and an "
+            f"inventory sync scheduled for {later:%H:%M} UTC"
+        )
+        return int(report.id)
+
+    def serve(self, port: int, login: str, api_key: str, settled: bool) -> None:
         base = f"http://127.0.0.1:{port}"
+        report = self.enqueue_console_jobs()
         self.step("Serving the shop (Ctrl-C stops the site and the worker)")
         self.stdout.write(f"    shop:         {base}/")
         self.stdout.write(f"    admin:        {base}/admin/  ({login})")
+        self.stdout.write(f"    dashboard:    {base}/admin/conveyor/dashboard/")
         self.stdout.write(f"    dead letters: {base}/admin/conveyor/deadletter/")
+        self.stdout.write(f"    running job:  {base}/admin/conveyor/job/{report}/change/")
+        self.show_api(base, api_key)
         if not settled:
             self.stderr.write("    (the demo jobs did not settle as expected; see above)")
         call_command("runserver", f"127.0.0.1:{port}", use_reloader=False)
+
+    def show_api(self, base: str, api_key: str) -> None:
+        self.stdout.write(f"    API docs:     {base}/conveyor/api/docs")
+        self.stdout.write(f"    metrics:      {base}/conveyor/metrics")
+        self.stdout.write(f"    API key:      {api_key}")
+        self.stdout.write("    enqueue a receipt over HTTP:")
+        self.stdout.write(f"      {curl_enqueue(base, api_key)}")
 
     def stop_worker(self, worker: subprocess.Popen[bytes]) -> None:
         if worker.poll() is not None:

@@ -40,8 +40,12 @@ _BACKENDS = {
     "django-ox": "django_ox.backend.OxBackend",
 }
 INSTALLED_APPS = ["django.contrib.contenttypes", _APPS[SYSTEM]]
+# django-conveyor's growth workload also uses a queue no worker serves and 100 queues.
+_QUEUES = ["default"] + (
+    ["backlog"] + [f"q{i}" for i in range(100)] if SYSTEM == "conveyor" else []
+)
 TASKS: dict[str, Any] = {
-    "default": {"BACKEND": _BACKENDS[SYSTEM], "QUEUES": ["default"]},
+    "default": {"BACKEND": _BACKENDS[SYSTEM], "QUEUES": _QUEUES},
 }
 LOGGING = {
     "version": 1,

@@ -1,0 +1,112 @@
+"""What the console's pages share: the database, permissions, audit, counts."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from functools import cached_property
+from typing import Any
+
+from django.contrib import admin
+from django.contrib.admin.models import CHANGE, LogEntry
+from django.contrib.contenttypes.models import ContentType
+from django.core.paginator import Paginator
+from django.db.models import QuerySet
+from django.http import HttpRequest
+
+from ..conf import conveyor_settings
+from ..models import Job
+
+OPERATE_PERMISSION = "conveyor.operate"
+VIEW_PAYLOADS_PERMISSION = "conveyor.view_payloads"
+EXACT_COUNT_LIMIT = 10_000  # Above this a list shows the planner's estimate.
+LOG_BATCH = 1000
+
+
+def conveyor_database() -> str:
+    return conveyor_settings().DATABASE
+
+
+def actor_for(request: HttpRequest) -> str:
+    """How the job history names an admin user."""
+    return f"admin:{request.user.get_username()}"
+
+
+def can_view_payloads(request: HttpRequest) -> bool:
+    return request.user.has_perm(VIEW_PAYLOADS_PERMISSION)
+
+
+def log_job_changes(request: HttpRequest, ids: Iterable[int], message: str) -> None:
+    """One LogEntry per changed job, on the job's own admin history."""
+    content_type = ContentType.objects.get_for_model(Job)
+    entries = [
+        LogEntry(
+            user_id=request.user.pk,
+            content_type_id=content_type.pk,
+            object_id=str(id_),
+            object_repr=f"job {id_}",
+            action_flag=CHANGE,
+            change_message=message,
+        )
+        for id_ in ids
+    ]
+    LogEntry.objects.bulk_create(entries, batch_size=LOG_BATCH)
+
+
+class ConveyorDatabaseAdmin(admin.ModelAdmin):
+    """Reads from CONVEYOR["DATABASE"], where the actions write (no router needed)."""
+
+    show_facets = admin.ShowFacets.NEVER  # Facets count every choice over the table.
+    # Acting on top of viewing: the model's change permission, or "operate".
+    operate_permissions: tuple[str, ...] = ()
+
+    class Media:
+        css = {"all": ("conveyor/admin.css",)}
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
+        return super().get_queryset(request).using(conveyor_database())
+
+    def has_operate_permission(self, request: HttpRequest) -> bool:
+        opts = self.opts
+        change = f"{opts.app_label}.change_{opts.model_name}"
+        return any(
+            request.user.has_perm(p)
+            for p in (OPERATE_PERMISSION, change, *self.operate_permissions)
+        )
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+class ReadOnlyAdmin(ConveyorDatabaseAdmin):
+    """Visible, actionable, never edited by form: state changes need the protocol.
+
+    Without the change permission Django renders the change page as a view
+    and refuses any POST to it, so no form can rewrite a row.
+    """
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+class EstimatedCountPaginator(Paginator):
+    """Counts exactly up to EXACT_COUNT_LIMIT, then takes the planner's estimate.
+
+    An exact COUNT(*) over a table of millions of finished jobs would cost
+    every page view a scan; the list says when its count is an estimate.
+    """
+
+    estimated = False
+
+    @cached_property
+    def count(self) -> int:
+        queryset = self.object_list.order_by()
+        exact = queryset[: EXACT_COUNT_LIMIT + 1].count()
+        if exact <= EXACT_COUNT_LIMIT:
+            return exact
+        self.estimated = True
+        plan = json.loads(queryset.explain(format="json"))
+        return max(int(plan[0]["Plan"]["Plan Rows"]), exact)

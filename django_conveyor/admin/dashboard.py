@@ -1,0 +1,76 @@
+"""The dashboard: per queue what is ready, scheduled, running, failed and dead,
+throughput over the last hour, pickup lag, pauses and workers.
+
+It is the changelist of a proxy model, so it sits first in the app's list.
+The page refreshes its body every few seconds from `?fragment=1`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin
+from django.http import HttpRequest
+from django.template.response import TemplateResponse
+
+from .. import operations
+from ..models import Dashboard
+from . import charts, stats
+
+REFRESH_SECONDS = 5
+
+
+@admin.register(Dashboard)
+class DashboardAdmin(admin.ModelAdmin):
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        user = request.user
+        return any(
+            user.has_perm(f"conveyor.{p}")
+            for p in ("view_dashboard", "view_job", "change_job", "view_queue", "change_queue")
+        )
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def get_urls(self) -> list[Any]:
+        from django.urls import path
+
+        name = f"{self.opts.app_label}_{self.opts.model_name}_changelist"
+        return [path("", self.admin_site.admin_view(self.changelist_view), name=name)]
+
+    def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> Any:
+        from django.core.exceptions import PermissionDenied
+
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        overview = stats.overview(operations.known_queues())
+        total = overview.total
+        rows = [(q, charts.bar_chart(q.per_minute, label=f"{q.name}: completed per minute"))
+                for q in overview.queues]  # fmt: skip
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Dashboard",
+            "opts": self.opts,
+            "overview": overview,
+            "rows": rows,
+            "total": total,
+            "total_chart": charts.bar_chart(
+                total.per_minute, width=720, height=120, label="all queues: completed per minute"
+            ),
+            "refresh_seconds": REFRESH_SECONDS,
+            "lost_after_seconds": stats.lost_after_seconds(),
+            **(extra_context or {}),
+        }
+        request.current_app = self.admin_site.name
+        template = (
+            "admin/conveyor/dashboard_body.html"
+            if request.GET.get("fragment")
+            else "admin/conveyor/dashboard.html"
+        )
+        return TemplateResponse(request, template, context)

@@ -1,0 +1,99 @@
+"""What the job page shows besides the columns: attempts, history, payloads."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.utils.dateparse import parse_datetime
+from django.utils.html import format_html
+
+from ..models import Job
+from ..states import JobState
+
+CANCELLED = "django_conveyor.exceptions.Cancelled"
+LEASE_LOST = "django_conveyor.exceptions.LeaseLost"
+DISCARD = "django_conveyor.exceptions.Discard"
+TIMEOUT = "builtins.TimeoutError"
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """One row of the job page's timeline."""
+
+    number: int | None
+    worker: str | None
+    started_at: datetime | None
+    ended_at: datetime | None
+    outcome: str
+    error_class: str = ""
+    traceback: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryEntry:
+    time: datetime | None
+    actor: str
+    action: str
+    detail: str
+
+
+def _time(value: Any) -> datetime | None:
+    return parse_datetime(value) if isinstance(value, str) else None
+
+
+def _error_outcome(error_class: str, last: bool, state: str) -> str:
+    if error_class == CANCELLED:
+        return "cancelled"
+    if last and state == JobState.DEAD:
+        return "lease lost: dead" if error_class == LEASE_LOST else "dead: attempts used up"
+    if last and state == JobState.FAILED:
+        return "failed: not retried"
+    if error_class == LEASE_LOST:
+        return "lease lost: taken back"
+    if error_class == TIMEOUT:
+        return "timed out: retried"
+    return "raised: retried"
+
+
+def attempts(job: Job) -> list[Attempt]:
+    """Every attempt the row remembers, oldest first: its errors, then the current one."""
+    errors = job.errors or []
+    rows = [
+        Attempt(
+            number=e.get("attempt"),
+            worker=e.get("worker"),
+            started_at=_time(e.get("started_at")),
+            ended_at=_time(e.get("time")),
+            outcome=_error_outcome(
+                e.get("exception_class_path") or "", i == len(errors) - 1, job.state
+            ),
+            error_class=e.get("exception_class_path") or "",
+            traceback=e.get("traceback") or "",
+        )
+        for i, e in enumerate(errors)
+    ]
+    if job.state == JobState.RUNNING:
+        outcome = "running, cancel requested" if job.cancel_requested_at else "running"
+        rows.append(Attempt(job.attempt, job.lease_owner, job.started_at, None, outcome))
+    elif job.state == JobState.COMPLETED:
+        rows.append(
+            Attempt(job.attempt, job.lease_owner, job.started_at, job.finished_at, "completed")
+        )
+    return rows
+
+
+def history(job: Job) -> list[HistoryEntry]:
+    return [
+        HistoryEntry(
+            _time(e.get("time")), e.get("actor", ""), e.get("action", ""), e.get("detail", "")
+        )
+        for e in job.history or []
+    ]
+
+
+def pretty_json(value: Any) -> str:
+    text = json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True)
+    return format_html("<pre class='conveyor-json'>{}</pre>", text)

@@ -1,0 +1,348 @@
+"""Jobs, dead letters and the effect ledger in the admin.
+
+The lists stay fast on tables of millions of rows: they fetch only the
+columns they show (never args, errors or return values), their filters come
+from the queue table and the task registry, each filter has an index in the
+list's order, and counts past EXACT_COUNT_LIMIT are the planner's estimates.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin
+from django.contrib.admin.views.main import ChangeList
+from django.db.models import Q, QuerySet
+from django.db.models.expressions import RawSQL
+from django.http import HttpRequest
+from django.urls import path, reverse
+from django.utils.html import format_html
+from django.utils.safestring import mark_safe
+
+from .. import operations
+from ..models import DeadLetter, Job, LedgerEntry, Worker
+from ..states import CANCELLABLE_STATES, REQUEUEABLE_STATES, JobState
+from ..tasks import known_task_paths
+from . import jobpage
+from .actions import cancel_jobs, job_page_action, requeue_jobs
+from .base import EstimatedCountPaginator, ReadOnlyAdmin, can_view_payloads, conveyor_database
+
+LIST_COLUMNS = (
+    "id",
+    "task_path",
+    "queue",
+    "state",
+    "priority",
+    "attempt",
+    "max_attempts",
+    "run_after",
+    "enqueued_at",
+    "finished_at",
+    "lease_owner",
+    "cancel_requested_at",
+)
+
+
+class TaskFilter(admin.SimpleListFilter):
+    title = "task"
+    parameter_name = "task"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        paths = set(known_task_paths())
+        if self.value():
+            paths.add(self.value())
+        return [(p, f"{p.rsplit('.', 1)[-1]} ({p.rsplit('.', 1)[0]})") for p in sorted(paths)]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Job]) -> QuerySet[Job]:
+        return queryset.filter(task_path=self.value()) if self.value() else queryset
+
+
+class QueueFilter(admin.SimpleListFilter):
+    title = "queue"
+    parameter_name = "queue"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        return [(q, q) for q in sorted(operations.known_queues())]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Job]) -> QuerySet[Job]:
+        return queryset.filter(queue=self.value()) if self.value() else queryset
+
+
+class WorkerFilter(admin.SimpleListFilter):
+    """The running jobs a worker holds (the workers page links here)."""
+
+    title = "held by worker"
+    parameter_name = "worker"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        live = Worker.objects.using(conveyor_database()).filter(stopped_at__isnull=True)
+        names = set(live.values_list("id", flat=True))
+        if self.value():
+            names.add(self.value())
+        return [(n, n) for n in sorted(names)]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Job]) -> QuerySet[Job]:
+        if not self.value():
+            return queryset
+        # Running rows are few and indexed; lease_owner alone is not.
+        return queryset.filter(state=JobState.RUNNING, lease_owner=self.value())
+
+
+class LeanChangeList(ChangeList):
+    """The list's rows without their payloads: args, errors, return values stay put."""
+
+    def get_queryset(self, request: HttpRequest, *args: Any, **kwargs: Any) -> QuerySet[Any]:
+        queryset = super().get_queryset(request, *args, **kwargs)
+        return queryset.only(*self.model_admin.list_columns)
+
+
+class LedgerInline(admin.TabularInline):
+    model = LedgerEntry
+    fields = ("effect_key", "lease_version", "worker", "applied_at")
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+    show_change_link = True
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(Job)
+class JobAdmin(ReadOnlyAdmin):
+    list_display = (
+        "id",
+        "task_name",
+        "queue",
+        "state_label",
+        "priority",
+        "attempts",
+        "run_after",
+        "enqueued_at",
+        "finished_at",
+        "lease_owner",
+    )
+    list_columns = LIST_COLUMNS
+    list_filter = ("state", QueueFilter, TaskFilter, WorkerFilter)
+    search_fields = ("=id",)  # Shows the box; get_search_results decides.
+    search_help_text = "An exact job id or idempotency key, or part of a task's path."
+    sortable_by = ("id",)  # Sorting by anything else would sort the whole table.
+    actions = [requeue_jobs, cancel_jobs]
+    inlines = [LedgerInline]
+    paginator = EstimatedCountPaginator
+    show_full_result_count = False
+    change_form_template = "admin/conveyor/job/change_form.html"
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return LeanChangeList
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[Job], search_term: str
+    ) -> tuple[QuerySet[Job], bool]:
+        term = search_term.strip()
+        if not term:
+            return queryset, False
+        match = Q(idempotency_key=term)
+        if term.isdigit():
+            match |= Q(pk=int(term))
+        paths = [p for p in known_task_paths() if term.lower() in p.lower()]
+        if paths:
+            match |= Q(task_path__in=paths)
+        return queryset.filter(match), False
+
+    def get_urls(self) -> list[Any]:
+        info = f"{self.opts.app_label}_{self.opts.model_name}"
+        own = [
+            path(
+                "<path:object_id>/requeue/",
+                self.admin_site.admin_view(self.requeue_view),
+                name=f"{info}_requeue",
+            ),
+            path(
+                "<path:object_id>/cancel/",
+                self.admin_site.admin_view(self.cancel_view),
+                name=f"{info}_cancel",
+            ),
+        ]
+        return own + super().get_urls()
+
+    def requeue_view(self, request: HttpRequest, object_id: str) -> Any:
+        return job_page_action(self, request, object_id, "requeue")
+
+    def cancel_view(self, request: HttpRequest, object_id: str) -> Any:
+        return job_page_action(self, request, object_id, "cancel")
+
+    # -- the job page ---------------------------------------------------------
+
+    def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> list[Any]:
+        payload = (
+            ("args_json", "kwargs_json", "return_value_json")
+            if can_view_payloads(request)
+            else ("payload_hidden",)
+        )
+        return [
+            (
+                None,
+                {
+                    "fields": (
+                        ("task_path", "queue", "state_label"),
+                        ("priority", "attempts", "backend"),
+                        ("enqueued_at", "run_after"),
+                        ("started_at", "finished_at"),
+                        "idempotency_key",
+                    )
+                },
+            ),
+            (
+                "Lease",
+                {
+                    "fields": (
+                        "held_by",
+                        ("lease_version", "lease_expires_at"),
+                        "cancel_request",
+                    )
+                },
+            ),
+            ("Arguments and return value", {"fields": payload}),
+        ]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        names: list[str] = []
+        for _, options in self.get_fieldsets(request, obj):
+            for field in options["fields"]:
+                names.extend(field if isinstance(field, tuple) else (field,))
+        return names
+
+    def change_view(
+        self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: Any = None
+    ) -> Any:
+        job = self.get_object(request, object_id)
+        context = dict(extra_context or {})
+        if job is not None:
+            context.update(
+                attempts=jobpage.attempts(job),
+                operator_history=jobpage.history(job),
+                show_payloads=can_view_payloads(request),
+                can_operate=self.has_operate_permission(request),
+                can_requeue=job.state in REQUEUEABLE_STATES,
+                can_cancel=job.state in CANCELLABLE_STATES
+                or (job.state == JobState.RUNNING and job.cancel_requested_at is None),
+                requeue_url=reverse("admin:conveyor_job_requeue", args=[job.pk]),
+                cancel_url=reverse("admin:conveyor_job_cancel", args=[job.pk]),
+            )
+        return super().change_view(request, object_id, form_url, context)
+
+    # -- columns --------------------------------------------------------------
+
+    @admin.display(description="task")
+    def task_name(self, obj: Job) -> str:
+        return obj.task_name
+
+    @admin.display(description="state", ordering="state")
+    def state_label(self, obj: Job) -> str:
+        if obj.state == JobState.RUNNING and obj.cancel_requested_at:
+            return mark_safe(
+                "<span class='conveyor-state conveyor-state-running'>running</span> "
+                "<span class='conveyor-note'>cancel requested</span>"
+            )
+        return format_html(
+            "<span class='conveyor-state conveyor-state-{}'>{}</span>", obj.state, obj.state
+        )
+
+    @admin.display(description="attempts")
+    def attempts(self, obj: Job) -> str:
+        return f"{obj.attempt} of {obj.max_attempts}"
+
+    @admin.display(description="held by")
+    def held_by(self, obj: Job) -> str:
+        if not obj.lease_owner or obj.state not in (JobState.RUNNING, JobState.COMPLETED):
+            return "no worker"
+        worker = Worker.objects.using(conveyor_database()).filter(pk=obj.lease_owner).first()
+        verb = "completed by" if obj.state == JobState.COMPLETED else "held by"
+        if worker is None:
+            return format_html("{} {} (not registered)", verb, obj.lease_owner)
+        from .workers import worker_status
+
+        url = reverse("admin:conveyor_worker_change", args=[worker.pk])
+        return format_html(
+            "{} <a href='{}'>{}</a> ({})", verb, url, worker.pk, worker_status(worker)
+        )
+
+    @admin.display(description="cancel request")
+    def cancel_request(self, obj: Job) -> str:
+        if not obj.cancel_requested_at:
+            return "none"
+        return f"by {obj.cancel_requested_by} at {obj.cancel_requested_at:%Y-%m-%d %H:%M:%S}"
+
+    @admin.display(description="args")
+    def args_json(self, obj: Job) -> str:
+        return jobpage.pretty_json(obj.args)
+
+    @admin.display(description="kwargs")
+    def kwargs_json(self, obj: Job) -> str:
+        return jobpage.pretty_json(obj.kwargs)
+
+    @admin.display(description="return value")
+    def return_value_json(self, obj: Job) -> str:
+        return jobpage.pretty_json(obj.return_value)
+
+    @admin.display(description="payload")
+    def payload_hidden(self, obj: Job) -> str:
+        return (
+            "Hidden: arguments, return values and tracebacks need the "
+            "“Can see job arguments, return values and tracebacks” permission."
+        )
+
+
+@admin.register(DeadLetter)
+class DeadLetterAdmin(JobAdmin):
+    list_display = (
+        "id",
+        "task_name",
+        "queue",
+        "state_label",
+        "attempts",
+        "finished_at",
+        "last_error",
+    )
+    list_filter = ("state", QueueFilter, TaskFilter)
+    actions = [requeue_jobs]
+    operate_permissions = ("conveyor.change_job",)
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Job]:
+        return super().get_queryset(request).filter(state__in=[JobState.FAILED, JobState.DEAD])
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return DeadLetterChangeList
+
+    @admin.display(description="last error")
+    def last_error(self, obj: Job) -> str:
+        return getattr(obj, "last_error_class", "") or ""
+
+
+class DeadLetterChangeList(LeanChangeList):
+    def get_queryset(self, request: HttpRequest, *args: Any, **kwargs: Any) -> QuerySet[Any]:
+        # Only the last error's class crosses the wire, not every traceback.
+        return (
+            super()
+            .get_queryset(request, *args, **kwargs)
+            .annotate(last_error_class=RawSQL("errors -> -1 ->> 'exception_class_path'", ()))
+        )
+
+
+@admin.register(LedgerEntry)
+class LedgerEntryAdmin(ReadOnlyAdmin):
+    list_display = ("id", "job_link", "effect_key", "lease_version", "worker", "applied_at")
+    search_fields = ("effect_key", "=job__id")
+    paginator = EstimatedCountPaginator
+    show_full_result_count = False
+    readonly_fields = ("job_link", "effect_key", "lease_version", "worker", "applied_at")
+    fields = readonly_fields
+
+    @admin.display(description="job")
+    def job_link(self, obj: LedgerEntry) -> str:
+        url = reverse("admin:conveyor_job_change", args=[obj.job_id])
+        return format_html("<a href='{}'>job {}</a>", url, obj.job_id)

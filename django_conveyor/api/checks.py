@@ -1,0 +1,48 @@
+"""System checks for the API and metrics settings (no optional extra needed)."""
+
+from __future__ import annotations
+
+import ipaddress
+from collections.abc import Iterable
+from typing import Any
+
+from django.core import checks
+
+from ..conf import raw_settings
+from .allowlist import build, entry_problem
+
+
+def check_api_settings(**kwargs: Any) -> Iterable[checks.CheckMessage]:
+    raw = raw_settings()
+    entries = raw.get("API_TASKS", ())
+    if isinstance(entries, list | tuple):
+        malformed = [p for e in entries if (p := entry_problem(e))]
+        for problem in malformed:
+            yield checks.Error(
+                f"CONVEYOR['API_TASKS']: {problem}",
+                hint="List task paths such as 'shop.tasks.send_receipt' or 'shop.tasks.*'.",
+                id="conveyor.E030",
+            )
+        if not malformed:
+            for problem in build(tuple(entries)).problems:
+                yield checks.Error(f"CONVEYOR['API_TASKS']: {problem}", id="conveyor.E031")
+    limit = raw.get("API_MAX_BODY_BYTES")
+    if isinstance(limit, int) and not isinstance(limit, bool) and limit < 1:
+        yield checks.Error(
+            f"CONVEYOR['API_MAX_BODY_BYTES'] must be 1 or more, not {limit!r}.",
+            id="conveyor.E032",
+        )
+    addresses = raw.get("METRICS_ALLOWED_ADDRESSES", ())
+    if isinstance(addresses, list | tuple):
+        for address in addresses:
+            try:
+                if not isinstance(address, str):
+                    raise TypeError(address)
+                ipaddress.ip_network(address, strict=False)
+            except (TypeError, ValueError):
+                yield checks.Error(
+                    f"CONVEYOR['METRICS_ALLOWED_ADDRESSES'] holds {address!r}, which is not an "
+                    "IP address or network.",
+                    hint="Use addresses or CIDR networks such as '10.0.0.5' or '10.0.0.0/24'.",
+                    id="conveyor.E033",
+                )

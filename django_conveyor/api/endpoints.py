@@ -1,0 +1,378 @@
+"""The endpoints: each validates, then hands over to the backend or `operations`.
+
+Job writes go through the same paths as the rest of the package: enqueue
+through the task's ConveyorBackend (so `protocol.enqueue`), requeue and
+cancel through `operations` (so `protocol.requeue` and `protocol.cancel`),
+as the admin and the CLI do.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from django.http import HttpRequest, HttpResponse
+from django.urls import reverse
+from ninja import Header, Query, Router
+from ninja.decorators import decorate_view
+from ninja.responses import Status
+
+from .. import operations, stats
+from ..compat import InvalidTask, Task, TaskResultDoesNotExist
+from ..conf import conveyor_settings
+from ..exceptions import ArgumentsNotSerializable, IdempotencyKeyReused
+from ..models import Job
+from ..results import parse_result_id, result_id
+from ..states import CANCELLABLE_STATES, REQUEUEABLE_STATES, JobState
+from . import listing
+from .allowlist import NotAllowed, UnknownTask, allow_list
+from .auth import credentials
+from .errors import Problem, field_problem, limit_body
+from .schemas import (
+    DEFAULT_PAGE_SIZE,
+    MAX_PAGE_SIZE,
+    EnqueueIn,
+    JobOut,
+    JobPage,
+    QueueOut,
+    StateName,
+)
+from .schemas import (
+    Problem as ProblemOut,
+)
+
+MAX_IDEMPOTENCY_KEY_LENGTH = 255
+NAMESPACE = "conveyor-api"
+
+logger = logging.getLogger(__name__)
+router = Router()
+ERRORS = {code: ProblemOut for code in (400, 401, 403, 404)}
+
+
+def _database(job_id: str) -> tuple[str, int]:
+    try:
+        database, number = parse_result_id(job_id)
+    except TaskResultDoesNotExist:
+        raise Problem(404, f"No job has the id {job_id!r}.") from None
+    if database not in conveyor_settings().databases():
+        raise Problem(404, f"No job has the id {job_id!r}.")
+    return database, number
+
+
+def _job(job_id: str) -> tuple[str, Job]:
+    database, number = _database(job_id)
+    job = Job.objects.using(database).filter(pk=number).first()
+    if job is None:
+        raise Problem(404, f"No job has the id {job_id!r}.")
+    return database, job
+
+
+def job_summary(job: Job, database: str) -> dict[str, Any]:
+    return {
+        "id": result_id(database, job.id),
+        "task": job.task_path,
+        "queue": job.queue,
+        "state": job.state,
+        "priority": job.priority,
+        "attempt": job.attempt,
+        "max_attempts": job.max_attempts,
+        "run_after": job.run_after,
+        "enqueued_at": job.enqueued_at,
+        "started_at": job.started_at,
+        "finished_at": job.finished_at,
+    }
+
+
+def job_out(job: Job, database: str) -> dict[str, Any]:
+    return {
+        **job_summary(job, database),
+        "args": job.args,
+        "kwargs": job.kwargs,
+        "idempotency_key": job.idempotency_key,
+        "return_value": job.return_value if job.state == JobState.COMPLETED else None,
+        "errors": job.errors,
+    }
+
+
+def _location(job_id: str) -> str:
+    return reverse(f"{NAMESPACE}:get_job", kwargs={"job_id": job_id})
+
+
+def _resolve(name: str) -> Task:
+    try:
+        return allow_list().resolve(name)
+    except NotAllowed:
+        raise field_problem(
+            "task",
+            f"Task {name!r} is not on the allow-list CONVEYOR['API_TASKS'], so the API "
+            "does not enqueue it.",
+        ) from None
+    except UnknownTask:
+        raise field_problem(
+            "task", f"Task {name!r} is allowed by CONVEYOR['API_TASKS'], but no such task exists."
+        ) from None
+
+
+def _check_arguments(task: Task, args: list[Any], kwargs: dict[str, Any]) -> None:
+    signature = inspect.signature(task.func)
+    try:
+        signature.bind(*([None] if task.takes_context else []), *args, **kwargs)
+    except TypeError as exc:
+        raise field_problem(
+            "args", f"The arguments do not fit {task.module_path}(): {exc}."
+        ) from None
+
+
+def _called(task: Task, body: EnqueueIn, key: str | None) -> Task:
+    changes: dict[str, Any] = {}
+    if body.queue is not None:
+        queues = task.get_backend().queues
+        if queues and body.queue not in queues:
+            raise field_problem(
+                "queue",
+                f"Queue {body.queue!r} is not one of the backend's QUEUES "
+                f"({', '.join(sorted(queues))}).",
+            )
+        changes["queue_name"] = body.queue
+    if body.priority is not None:
+        changes["priority"] = body.priority
+    if body.run_after is not None:
+        changes["run_after"] = body.run_after
+    if key is not None:
+        changes["idempotency_key"] = key
+    try:
+        return task.using(**changes) if changes else task
+    except InvalidTask as exc:
+        raise field_problem(None, str(exc)) from None
+
+
+def _created_job(task: Task, result: Any, key: str | None) -> dict[str, Any]:
+    """The new job as the INSERT wrote it, without reading it back."""
+    return {
+        "id": result.id,
+        "task": task.module_path,
+        "queue": task.queue_name,
+        "state": JobState.AVAILABLE.value,
+        "priority": task.priority,
+        "attempt": 0,
+        "max_attempts": getattr(task, "max_attempts", None) or conveyor_settings().MAX_ATTEMPTS,
+        "run_after": task.run_after or result.enqueued_at,
+        "enqueued_at": result.enqueued_at,
+        "started_at": None,
+        "finished_at": None,
+        "args": result.args,
+        "kwargs": result.kwargs,
+        "idempotency_key": key,
+        "return_value": None,
+        "errors": [],
+    }
+
+
+@router.post(
+    "/jobs",
+    tags=["jobs"],
+    response={201: JobOut, 200: JobOut, 409: ProblemOut, **ERRORS},
+    auth=credentials("enqueue"),
+    summary="Enqueue a job",
+    url_name="enqueue_job",
+)
+@decorate_view(limit_body)
+def enqueue_job(
+    request: HttpRequest,
+    response: HttpResponse,
+    body: EnqueueIn,
+    idempotency_key: str | None = Header(
+        None,
+        alias="Idempotency-Key",
+        description="Names this call: the same key and call again returns the same job.",
+    ),
+) -> Status:
+    """201 with the new job; 200 with the existing job when the Idempotency-Key was seen
+    with the same task, arguments and queue; 409 when it was seen with another call."""
+    if idempotency_key is not None and not 0 < len(idempotency_key) <= MAX_IDEMPOTENCY_KEY_LENGTH:
+        raise field_problem(
+            "Idempotency-Key",
+            f"The Idempotency-Key header must be 1 to {MAX_IDEMPOTENCY_KEY_LENGTH} characters.",
+            location="header",
+        )
+    task = _resolve(body.task)
+    _check_arguments(task, body.args, body.kwargs)
+    task = _called(task, body, idempotency_key)
+    try:
+        result = task.enqueue(*body.args, **body.kwargs)
+    except IdempotencyKeyReused as exc:
+        database = conveyor_settings().database_for(task.queue_name)
+        existing = result_id(database, exc.job_id)
+        response["Location"] = _location(existing)
+        raise Problem(409, str(exc), job_id=existing) from None
+    except ArgumentsNotSerializable as exc:
+        raise field_problem("args", str(exc)) from None
+    response["Location"] = _location(result.id)
+    if result.created:
+        return Status(201, _created_job(task, result, idempotency_key))
+    database, job = _job(result.id)
+    return Status(200, job_out(job, database))
+
+
+@router.get(
+    "/jobs/{job_id}",
+    tags=["jobs"],
+    response={200: JobOut, **ERRORS},
+    auth=credentials("read", "conveyor.view_job"),
+    summary="Get a job",
+    url_name="get_job",
+)
+def get_job(request: HttpRequest, job_id: str) -> dict[str, Any]:
+    """State, attempts, errors (one per failed attempt) and the return value."""
+    database, job = _job(job_id)
+    return job_out(job, database)
+
+
+@router.get(
+    "/jobs",
+    tags=["jobs"],
+    response={200: JobPage, **ERRORS},
+    auth=credentials("read", "conveyor.view_job"),
+    summary="List jobs",
+    url_name="list_jobs",
+)
+def list_jobs(
+    request: HttpRequest,
+    state: StateName | None = Query(None, description="Only jobs in this state."),
+    queue: str | None = Query(None, max_length=64, description="Only jobs of this queue."),
+    task: str | None = Query(None, max_length=255, description="Only jobs of this task path."),
+    cursor: str | None = Query(None, description="`next_cursor` of the previous page."),
+    limit: int = Query(DEFAULT_PAGE_SIZE, ge=1, le=MAX_PAGE_SIZE),
+) -> dict[str, Any]:
+    """Newest first, a keyset page at a time: stable while jobs are added."""
+    try:
+        before = listing.decode_cursor(cursor)
+    except listing.BadCursor:
+        raise field_problem("cursor", "The cursor is not one this API returned.", "query") from None
+    settings = conveyor_settings()
+    database = settings.database_for(queue) if queue else settings.DATABASE
+    jobs, next_before = listing.page(
+        database, state=state, queue=queue, task=task, before=before, limit=limit
+    )
+    return {
+        "items": [job_summary(job, database) for job in jobs],
+        "next_cursor": listing.encode_cursor(next_before) if next_before else None,
+    }
+
+
+def _conflict(job_id: str, job: Job, verb: str, allowed: frozenset[JobState]) -> Problem:
+    ordered = [s.value for s in JobState if s in allowed]
+    names = ", ".join(ordered[:-1]) + f" or {ordered[-1]}"
+    return Problem(
+        409,
+        f"Job {job_id} is {job.state}; only jobs that are {names} can be {verb}.",
+        job_id=job_id,
+    )
+
+
+def _operate(
+    request: HttpRequest,
+    job_id: str,
+    action: Callable[..., list[int]],
+    verb: str,
+    allowed: frozenset[JobState],
+) -> dict[str, Any]:
+    """Run an operation on one job through `operations`; 409 when its state refuses it."""
+    database, job = _job(job_id)
+    # The job's history records who asked: "api:<key name>" or "admin:<username>".
+    changed = action([job.id], database=database, actor=request.auth.actor)
+    job.refresh_from_db(using=database)
+    if not changed:
+        raise _conflict(job_id, job, verb, allowed)
+    logger.info("%s %s job %s", request.auth.actor, verb, job_id)
+    return job_out(job, database)
+
+
+@router.post(
+    "/jobs/{job_id}/requeue",
+    tags=["jobs"],
+    response={200: JobOut, 409: ProblemOut, **ERRORS},
+    auth=credentials("operate", "conveyor.change_job"),
+    summary="Requeue a failed, dead or cancelled job",
+    url_name="requeue_job",
+)
+def requeue_job(request: HttpRequest, job_id: str) -> dict[str, Any]:
+    """Gives the job a fresh set of attempts; 409 unless it is failed, dead or cancelled."""
+    return _operate(request, job_id, operations.requeue, "requeued", REQUEUEABLE_STATES)
+
+
+@router.post(
+    "/jobs/{job_id}/cancel",
+    tags=["jobs"],
+    response={200: JobOut, 409: ProblemOut, **ERRORS},
+    auth=credentials("operate", "conveyor.change_job"),
+    summary="Cancel a job that has not started",
+    url_name="cancel_job",
+)
+def cancel_job(request: HttpRequest, job_id: str) -> dict[str, Any]:
+    """409 unless the job is blocked or available."""
+    return _operate(request, job_id, operations.cancel, "cancelled", CANCELLABLE_STATES)
+
+
+def queue_out(entry: stats.QueueStats) -> dict[str, Any]:
+    return {
+        "name": entry.name,
+        "paused": entry.paused,
+        "jobs": entry.jobs,
+        "estimated": sorted(entry.estimated),
+        "lag_seconds": entry.lag_seconds,
+        "leases_active": entry.leases_active,
+        "leases_expired": entry.leases_expired,
+    }
+
+
+@router.get(
+    "/queues",
+    tags=["queues"],
+    response={200: list[QueueOut], **ERRORS},
+    auth=credentials("read", "conveyor.view_queue"),
+    summary="List queues",
+    url_name="list_queues",
+)
+def list_queues(request: HttpRequest) -> list[dict[str, Any]]:
+    """Every queue with its jobs per state, lag, leases and whether it is paused."""
+    return [queue_out(q) for q in stats.snapshot(operations.known_queues()).values()]
+
+
+def _switch(
+    request: HttpRequest, name: str, action: Callable[[list[str]], int], verb: str
+) -> dict[str, Any]:
+    """Pause or resume one queue through `operations`; 404 for a queue nobody names."""
+    if name not in operations.known_queues():
+        raise Problem(404, f"No queue is named {name!r}.")
+    if action([name]):
+        logger.info("%s %s queue %s", request.auth.actor, verb, name)
+    return queue_out(stats.snapshot([name])[name])
+
+
+@router.post(
+    "/queues/{name}/pause",
+    tags=["queues"],
+    response={200: QueueOut, **ERRORS},
+    auth=credentials("operate", "conveyor.change_queue"),
+    summary="Pause a queue",
+    url_name="pause_queue",
+)
+def pause_queue(request: HttpRequest, name: str) -> dict[str, Any]:
+    """Workers stop claiming from it; running jobs finish."""
+    return _switch(request, name, operations.pause, "paused")
+
+
+@router.post(
+    "/queues/{name}/resume",
+    tags=["queues"],
+    response={200: QueueOut, **ERRORS},
+    auth=credentials("operate", "conveyor.change_queue"),
+    summary="Resume a queue",
+    url_name="resume_queue",
+)
+def resume_queue(request: HttpRequest, name: str) -> dict[str, Any]:
+    """Workers claim from it again, woken at once."""
+    return _switch(request, name, operations.resume, "resumed")

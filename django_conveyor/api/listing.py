@@ -1,0 +1,117 @@
+"""Keyset pages of jobs, newest first, that stay fast and stable at millions of rows.
+
+A page is "the `limit` jobs with the highest ids below the cursor". New jobs
+get higher ids, so inserts never shift a later page: a client walking the
+pages sees every job that existed when it started exactly once.
+
+Each page is the merge, by id, of one short read per (state, queue) pair,
+each a range of `conveyor_job_list_idx` `(state, queue, id)` (a hand-made
+skip scan): with both filters there is one pair; with `queue` alone, one per
+state (seven); with `state` alone, one per queue that has jobs in that
+state (found first with a loose index scan). Every pair is a constant in
+its branch, so the planner knows from the statistics which pairs are rare
+(read from the index range) and which hold most of the table (read from
+the primary key backwards, which fills a page as fast). Without either
+filter the primary key is read backwards. The `task` filter is applied
+inside those reads.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from typing import Any
+
+from django.db import connections
+
+from ..models import Job
+from ..states import JobState
+from ..stats import QUEUES_IN_STATE
+
+_BRANCH = """(
+    SELECT j.* FROM conveyor_job AS j
+    WHERE j.state = %(state_{n})s AND j.queue = %(queue_{n})s AND j.id < %(before)s {task}
+    ORDER BY j.id DESC
+    LIMIT %(limit)s
+)"""
+PAGE = """
+SELECT j.* FROM conveyor_job AS j
+WHERE j.id < %(before)s {task}
+ORDER BY j.id DESC
+LIMIT %(limit)s
+"""
+TASK_FILTER = "AND j.task_path = %(task)s"
+NO_CURSOR = 2**63 - 1
+
+
+class BadCursor(ValueError):
+    pass
+
+
+def encode_cursor(before: int) -> str:
+    return base64.urlsafe_b64encode(json.dumps({"before": before}).encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str | None) -> int:
+    if not cursor:
+        return NO_CURSOR
+    try:
+        data = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+        before = data["before"]
+    except (binascii.Error, ValueError, TypeError, KeyError):
+        raise BadCursor(cursor) from None
+    if isinstance(before, bool) or not isinstance(before, int) or before < 1:
+        raise BadCursor(cursor)
+    return before
+
+
+def _pairs(database: str, state: str | None, queue: str | None) -> list[tuple[str, str]]:
+    if state and queue:
+        return [(state, queue)]
+    if queue:
+        return [(s.value, queue) for s in JobState]
+    with connections[database].cursor() as cursor:
+        cursor.execute(QUEUES_IN_STATE, {"state": state})
+        return [(state, name) for (name,) in cursor.fetchall()]
+
+
+def query(
+    database: str,
+    *,
+    state: str | None,
+    queue: str | None,
+    task: str | None,
+    before: int,
+    limit: int,
+) -> tuple[str, dict[str, Any]]:
+    """The SQL of one page of at most `limit` jobs, and its parameters."""
+    params: dict[str, Any] = {"task": task, "before": before, "limit": limit}
+    task_filter = TASK_FILTER if task else ""
+    if not (state or queue):
+        return PAGE.format(task=task_filter), params
+    pairs = _pairs(database, state, queue)
+    if not pairs:
+        return "SELECT * FROM conveyor_job WHERE false", params
+    branches = []
+    for n, (pair_state, pair_queue) in enumerate(pairs):
+        params[f"state_{n}"], params[f"queue_{n}"] = pair_state, pair_queue
+        branches.append(_BRANCH.format(n=n, task=task_filter))
+    sql = (
+        "SELECT page.* FROM (\n"
+        + "\nUNION ALL\n".join(branches)
+        + "\n) AS page\nORDER BY page.id DESC\nLIMIT %(limit)s"
+    )
+    return sql, params
+
+
+def page(database: str, *, limit: int, **filters: Any) -> tuple[list[Job], int | None]:
+    """One page (newest first) and the cursor id of the next, or None on the last.
+
+    `filters` are those of `query()`: state, queue, task and before.
+    """
+    sql, params = query(database, limit=limit + 1, **filters)
+    jobs = list(Job.objects.using(database).raw(sql, params))
+    if len(jobs) > limit:
+        return jobs[:limit], jobs[limit - 1].id
+    return jobs, None

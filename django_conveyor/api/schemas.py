@@ -1,0 +1,108 @@
+"""Request and response bodies of the HTTP API; the OpenAPI schema is generated from these."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+from ninja import Field, Schema
+from pydantic import AwareDatetime, ConfigDict
+
+from ..compat import TASK_MAX_PRIORITY, TASK_MIN_PRIORITY
+from ..states import JobState
+
+StateName = Literal[tuple(s.value for s in JobState)]  # type: ignore[valid-type]
+MAX_PAGE_SIZE = 200
+DEFAULT_PAGE_SIZE = 50
+
+
+class EnqueueIn(Schema):
+    """A call of one task on the allow-list (`CONVEYOR["API_TASKS"]`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    task: str = Field(
+        min_length=1, max_length=255, description="Task path, e.g. 'shop.tasks.send_receipt'."
+    )
+    args: list[Any] = Field(default_factory=list, description="Positional arguments (JSON).")
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments (JSON).")
+    queue: str | None = Field(
+        None, min_length=1, max_length=64, description="Default: the task's own queue."
+    )
+    priority: int | None = Field(
+        None,
+        ge=TASK_MIN_PRIORITY,
+        le=TASK_MAX_PRIORITY,
+        strict=True,
+        description="Higher runs first; default: the task's own priority.",
+    )
+    run_after: AwareDatetime | None = Field(
+        None, description="Run no earlier than this (ISO 8601 with a time zone)."
+    )
+
+
+class JobError(Schema):
+    """One failed attempt."""
+
+    attempt: int | None = None
+    worker: str | None = None
+    exception_class_path: str = ""
+    traceback: str = ""
+    time: str | None = None
+
+
+class JobSummary(Schema):
+    id: str = Field(description="The job id: a number, or 'alias:number' in a sharded queue.")
+    task: str
+    queue: str
+    state: StateName
+    priority: int
+    attempt: int
+    max_attempts: int
+    run_after: datetime
+    enqueued_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+
+
+class JobOut(JobSummary):
+    args: list[Any]
+    kwargs: dict[str, Any]
+    idempotency_key: str | None
+    return_value: Any = Field(None, description="What the handler returned, once completed.")
+    errors: list[JobError]
+
+
+class JobPage(Schema):
+    items: list[JobSummary]
+    next_cursor: str | None = Field(
+        description="Pass as `cursor` for the next (older) page; null on the last page."
+    )
+
+
+class QueueOut(Schema):
+    name: str
+    paused: bool
+    jobs: dict[str, int] = Field(description="Jobs per state (see `estimated`).")
+    estimated: list[str] = Field(
+        description="States whose count is PostgreSQL's estimate (finished states above 10,000)."
+    )
+    lag_seconds: float = Field(description="Age of the oldest ready job; 0 when none is ready.")
+    leases_active: int
+    leases_expired: int = Field(description="Running jobs whose lease expired (to be reaped).")
+
+
+class FieldError(Schema):
+    field: str | None = Field(description="The field at fault, e.g. 'priority'; null for all.")
+    location: str | None = Field(None, description="'body', 'query', 'path' or 'header'.")
+    message: str
+
+
+class Problem(Schema):
+    """An error, after RFC 9457 (problem details)."""
+
+    status: int
+    title: str
+    detail: str
+    errors: list[FieldError] = Field(default_factory=list)
+    job_id: str | None = Field(None, description="For 409: the job the request is about.")

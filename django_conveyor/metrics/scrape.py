@@ -1,0 +1,133 @@
+"""`/conveyor/metrics`: gauges computed from the database at scrape time.
+
+Mount with ``path("conveyor/metrics", include("django_conveyor.metrics.urls"))``.
+The same response carries this site's enqueue counters (`process.py`).
+A scrape needs an API key with the `metrics` scope (`Authorization: Bearer`)
+or a client address in `CONVEYOR["METRICS_ALLOWED_ADDRESSES"]`. The figures
+and how each is found cheaply are in `django_conveyor.stats`.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import time
+from collections.abc import Iterable
+
+from django.http import HttpRequest, HttpResponse
+from django.views.decorators.debug import sensitive_variables
+from django.views.decorators.http import require_GET
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.registry import Collector
+
+from .. import apikeys, operations, stats
+from ..conf import conveyor_settings
+from ..states import JobState
+from . import process
+
+SCOPE = "metrics"
+
+
+class DatabaseCollector(Collector):
+    """Reads `stats.snapshot()` once per scrape and yields it as gauges."""
+
+    def collect(self) -> Iterable[Metric]:
+        started = time.perf_counter()
+        queues = stats.snapshot(operations.known_queues()).values()
+        jobs = GaugeMetricFamily(
+            "conveyor_jobs",
+            "Jobs per queue and state. Blocked, available and running are exact; finished "
+            f"states are exact up to {stats.EXACT_BELOW} per queue, then PostgreSQL's estimate.",
+            labels=["queue", "state"],
+        )
+        lag = GaugeMetricFamily(
+            "conveyor_queue_lag_seconds",
+            "Age of the oldest ready job (available, run_after passed); 0 when none is ready.",
+            labels=["queue"],
+        )
+        dead_letters = GaugeMetricFamily(
+            "conveyor_dead_letter_jobs",
+            "Failed and dead jobs (the dead-letter view), counted as conveyor_jobs counts them.",
+            labels=["queue"],
+        )
+        active = GaugeMetricFamily(
+            "conveyor_leases_active", "Running jobs whose lease is valid.", labels=["queue"]
+        )
+        expired = GaugeMetricFamily(
+            "conveyor_leases_expired",
+            "Running jobs whose lease expired, waiting for a reaper to take them back.",
+            labels=["queue"],
+        )
+        paused = GaugeMetricFamily(
+            "conveyor_queue_paused", "1 when the queue is paused, else 0.", labels=["queue"]
+        )
+        for queue in queues:
+            for state in JobState:
+                jobs.add_metric([queue.name, state.value], queue.jobs[state.value])
+            lag.add_metric([queue.name], queue.lag_seconds)
+            dead_letters.add_metric([queue.name], queue.dead_letters)
+            active.add_metric([queue.name], queue.leases_active)
+            expired.add_metric([queue.name], queue.leases_expired)
+            paused.add_metric([queue.name], 1 if queue.paused else 0)
+        yield from (jobs, lag, dead_letters, active, expired, paused)
+        yield GaugeMetricFamily(
+            "conveyor_scrape_duration_seconds",
+            "Time the database took to answer this scrape.",
+            value=time.perf_counter() - started,
+        )
+
+
+def registry() -> CollectorRegistry:
+    """The database's gauges, and this site's own enqueue counters."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(DatabaseCollector())
+    registry.register(process.collector())
+    return registry
+
+
+def _address_allowed(request: HttpRequest) -> bool:
+    allowed = conveyor_settings().METRICS_ALLOWED_ADDRESSES
+    if not allowed:
+        return False
+    try:
+        client = ipaddress.ip_address(request.META.get("REMOTE_ADDR", ""))
+    except ValueError:
+        return False
+    return any(client in ipaddress.ip_network(net, strict=False) for net in allowed)
+
+
+@sensitive_variables("header", "raw")
+def refusal(request: HttpRequest) -> HttpResponse | None:
+    """401 or 403 unless the request may scrape; None when it may."""
+    header = request.headers.get("Authorization", "")
+    if header:
+        scheme, _, raw = header.partition(" ")
+        key = apikeys.authenticate(raw.strip()) if scheme.lower() == "bearer" else None
+        if key is None:
+            return _refused(401, "The API key is not valid.")
+        if SCOPE not in key.scopes:
+            return _refused(403, f"The API key {key.name!r} does not have the 'metrics' scope.")
+        return None
+    if _address_allowed(request):
+        return None
+    return _refused(
+        401,
+        "Send an API key with the 'metrics' scope as 'Authorization: Bearer <key>', or "
+        "scrape from an address in CONVEYOR['METRICS_ALLOWED_ADDRESSES'].",
+    )
+
+
+def _refused(status: int, message: str) -> HttpResponse:
+    response = HttpResponse(message + "\n", status=status, content_type="text/plain")
+    if status == 401:
+        response["WWW-Authenticate"] = 'Bearer realm="django-conveyor"'
+    return response
+
+
+@require_GET
+def metrics_view(request: HttpRequest) -> HttpResponse:
+    if refused := refusal(request):
+        return refused
+    encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
+    return HttpResponse(encoder(registry()), content_type=content_type)

@@ -1,0 +1,43 @@
+"""Shared by the API benchmarks: scratch databases on the suite's server, and the results."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+
+def admin_sql(*statements: str) -> None:
+    """Run statements on the server's `postgres` database (create or drop databases)."""
+    import psycopg
+    from django.db import connections
+
+    from django_conveyor.dbconn import connection_params
+
+    connections.close_all()
+    params = connection_params("default")
+    params["dbname"] = "postgres"
+    with psycopg.connect(**params, autocommit=True) as conn:
+        for statement in statements:
+            conn.execute(statement)
+
+
+def recreate(*names: str) -> None:
+    for name in names:
+        admin_sql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)", f"CREATE DATABASE {name}")
+
+
+def drop(*names: str) -> None:
+    for name in names:
+        admin_sql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+def report(result: dict[str, Any], out: Path | None, stem: str) -> None:
+    """Print the result, and write it to `out/<stem>-<date>.json` when asked."""
+    print(json.dumps(result, indent=2))
+    if out:
+        out.mkdir(parents=True, exist_ok=True)
+        path = out / f"{stem}-{result['date']}.json"
+        path.write_text(json.dumps(result, indent=2) + "\n")
+        print(f"wrote {path}", file=sys.stderr)

@@ -1,0 +1,140 @@
+"""The console in a real browser: Debian's Chromium, driven by Playwright.
+
+Never downloads a browser: it launches the system's `chromium` by path
+(CONVEYOR_CHROMIUM, else `chromium` on PATH, else /usr/bin/chromium). Without
+one these tests skip, except in CI (CI=true), where a missing browser fails.
+Screenshots go to var/screenshots/.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator
+
+import pytest
+from django.contrib.auth.models import User
+from django.urls import reverse
+
+from django_conveyor.admin import dashboard
+from django_conveyor.models import Job
+from tests.chromium import CHROMIUM_ARGS, chromium_path
+from tests.factories import JobFactory
+from tests.helpers import REPO, wait_until
+
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.django_db(transaction=True, databases=["default", "shard"]),
+]
+
+SCREENSHOTS = REPO / "var" / "screenshots"
+USERNAME, PASSWORD = "ops", "browser-pw"
+
+
+def missing(reason: str) -> None:
+    if os.environ.get("CI", "").lower() in {"1", "true", "yes"}:
+        pytest.fail(f"{reason}; CI must run the browser tests (apt-get install chromium).")
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def chromium() -> Iterator[object]:
+    path = chromium_path()
+    if path is None:
+        missing("no Chromium found (set CONVEYOR_CHROMIUM or install Debian's chromium)")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        missing("playwright is not installed (pip install -e '.[test]')")
+    with (
+        tempfile.TemporaryDirectory(prefix="conveyor-chromium-") as profile,
+        pytest.MonkeyPatch.context() as patch,
+        sync_playwright() as playwright,
+    ):
+        # Playwright's sync API keeps an event loop on this thread; the test's
+        # own ORM calls are plain blocking calls between browser steps.
+        patch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+        context = playwright.chromium.launch_persistent_context(
+            profile,
+            executable_path=path,
+            args=CHROMIUM_ARGS,
+            viewport={"width": 1280, "height": 900},
+        )
+        yield context
+        context.close()
+
+
+@pytest.fixture
+def page(chromium, live_server):
+    User.objects.create_superuser(USERNAME, "ops@example.com", PASSWORD)
+    page = chromium.new_page()
+    page.set_default_timeout(15_000)
+    page.goto(live_server.url + reverse("admin:login"))
+    page.fill("#id_username", USERNAME)
+    page.fill("#id_password", PASSWORD)
+    page.click("input[type=submit]")
+    page.wait_for_url(live_server.url + reverse("admin:index"))
+    yield page
+    page.close()
+
+
+def shot(page, name: str) -> None:
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), full_page=True)
+
+
+def stat(page, queue: str, name: str) -> int:
+    return int(page.inner_text(f"#conveyor-queues tr[data-queue='{queue}'] [data-stat='{name}']"))
+
+
+def test_the_dashboard_shows_the_databases_numbers_and_refreshes_itself(
+    page, live_server, monkeypatch
+):
+    monkeypatch.setattr(dashboard, "REFRESH_SECONDS", 1)
+    JobFactory.create_batch(3, queue="emails")
+    JobFactory.create_batch(2, queue="default", dead=True)
+    JobFactory(queue="default", running=True)
+    JobFactory.create_batch(4, queue="default", completed=True)
+    page.goto(live_server.url + reverse("admin:conveyor_dashboard_changelist"))
+    for queue, name, state in (("emails", "ready", "available"), ("default", "dead", "dead"),
+                               ("default", "running", "running")):  # fmt: skip
+        assert stat(page, queue, name) == Job.objects.filter(queue=queue, state=state).count()
+    assert int(page.inner_text(".conveyor-cards [data-stat='completed_last_hour']")) == 4
+    assert page.locator("svg.conveyor-chart").count() >= 2  # drawn on the server
+    shot(page, "dashboard")
+
+    JobFactory.create_batch(5, queue="emails")  # no reload: the page fetches its body
+    wait_until(lambda: stat(page, "emails", "ready") == 8, timeout=15)
+    assert page.evaluate("Number(document.getElementById('conveyor-overview').dataset.refreshes)")
+
+
+def test_requeue_a_dead_job_through_the_confirmation_page(page, live_server):
+    dead = JobFactory(dead=True)
+    JobFactory(dead=True, queue="emails")
+    page.goto(live_server.url + reverse("admin:conveyor_deadletter_changelist"))
+    page.check(f"input[name='_selected_action'][value='{dead.id}']")
+    page.select_option("select[name='action']", "requeue_jobs")
+    page.click("button[name='index'], input[name='index']")
+    page.wait_for_selector("#conveyor-confirm")
+    assert page.inner_text(".conveyor-confirm-count strong") == "1"
+    assert Job.objects.get(pk=dead.id).state == "dead"  # nothing changed yet
+    shot(page, "requeue-confirmation")
+    page.click("#conveyor-confirm-yes")
+    page.wait_for_selector("ul.messagelist")
+    assert "Requeued 1 job(s)." in page.inner_text("ul.messagelist")
+    job = Job.objects.get(pk=dead.id)
+    assert job.state == "available"
+    assert job.history[-1]["actor"] == f"admin:{USERNAME}"
+
+
+def test_the_job_page_shows_attempts_history_and_json(page, live_server):
+    dead = JobFactory(dead=True, args=[{"order": 42, "sku": "COFFEE-1KG"}])
+    url = live_server.url + reverse("admin:conveyor_job_change", args=[dead.id])
+    page.goto(url)
+    assert page.locator("#conveyor-attempts tbody tr").count() == 3
+    assert '"sku": "COFFEE-1KG"' in page.inner_text(".conveyor-json >> nth=0")
+    page.click("#conveyor-requeue")
+    page.click("#conveyor-confirm-yes")
+    page.wait_for_url(url)
+    assert "requeue" in page.inner_text("#conveyor-history")
+    shot(page, "job-page")
