@@ -18,6 +18,7 @@ from django.db import connections, transaction
 
 from . import protocol
 from .compat import TaskContext
+from .conf import DEFAULT_LEASE_SECONDS
 from .exceptions import LeaseLost
 
 
@@ -28,6 +29,8 @@ class LeaseState:
     owner: str
     version: int
     database: str  # The alias whose conveyor_job holds the job.
+    # Bounds each statement, and each idle gap, of context.atomic() (seconds).
+    lease_seconds: float = DEFAULT_LEASE_SECONDS
     lost: threading.Event = field(default_factory=threading.Event)
     completed_in_atomic: bool = False  # The guarded commit wrote the outcome.
     in_atomic: bool = False  # Holding the row lock in context.atomic() right now.
@@ -67,6 +70,13 @@ class JobContext(TaskContext):
         reaper (which skips locked rows) cannot take the job back while the
         block runs. Raises LeaseLost, with nothing committed, when the token
         no longer holds the job.
+
+        The transaction is bounded by the worker's lease: PostgreSQL cancels a
+        statement in it that runs longer than one lease, and ends the
+        transaction (closing the connection) when the block goes a lease
+        without a statement, so a worker frozen inside it cannot hold the job
+        for ever. The job is then reaped and run again; the block's next
+        statement, and its commit, fail with nothing committed.
         """
         state = self.lease_state
         connection = connections[self.database]
@@ -88,6 +98,7 @@ class JobContext(TaskContext):
         state = self.lease_state
         with transaction.atomic(using=self.database):
             with connection.cursor() as cursor:
+                protocol.bound_transaction(cursor, seconds=state.lease_seconds)
                 if not protocol.lock_for_effect(
                     cursor, job_id=self.job_id, owner=self.worker_id, version=self.token
                 ):

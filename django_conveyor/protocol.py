@@ -41,7 +41,10 @@ The clock. Leases are compared with the database's `now()`, never a
 worker's clock, so clock skew between hosts cannot break them. REAP takes
 back leases whose `lease_expires_at < now()`; it skips rows locked by a
 worker's guarded transaction, so a handler that holds the row lock in
-LOCK_FOR_EFFECT cannot lose the job between its check and its commit.
+LOCK_FOR_EFFECT cannot lose the job between its check and its commit. That
+lock must not outlive a worker that stopped: BOUND_TRANSACTION, the first
+statement of the guarded transaction, makes PostgreSQL end it when a
+statement runs, or the session sits idle, for longer than one lease.
 
 Invariants (checked by the spec, SPIN, the property tests and fault runs):
 at most one worker holds a valid lease on a job; an outcome is written only
@@ -219,6 +222,19 @@ SET state = {_HAND_BACK}, finished_at = {_HANDED_BACK_AT}, attempt = j.attempt -
 WHERE j.id = h.id AND j.state = 'running'
   AND j.lease_owner = %(owner)s AND j.lease_version = h.version
 RETURNING j.id
+"""
+
+# The bound on a guarded transaction (context.atomic()), set before its lock.
+# A worker frozen (SIGSTOP) or hung inside it would otherwise keep the job's
+# row lock, which REAP skips, for ever. PostgreSQL cancels a statement that
+# runs longer than statement_timeout (the transaction aborts and its locks
+# go at once) and terminates a session idle in its transaction for longer
+# than idle_in_transaction_session_timeout (rolled back, locks released, the
+# zombie's next statement and its commit fail). is_local: both settings end
+# with the transaction, as SET LOCAL, so they also hold behind a pooler.
+BOUND_TRANSACTION = """
+SELECT set_config('statement_timeout', %(ms)s, true),
+       set_config('idle_in_transaction_session_timeout', %(ms)s, true)
 """
 
 # A cancel request refuses the lock: no effect commits after an operator's cancel.
@@ -602,6 +618,11 @@ def release(cursor: Cursor, *, owner: str, held: Iterable[tuple[int, int]]) -> s
     """Hand leases back at once (graceful shutdown); the attempt is not counted."""
     rows = [{"id": i, "version": v} for i, v in held]
     return _guarded(cursor, RELEASE, owner, rows)
+
+
+def bound_transaction(cursor: Cursor, *, seconds: float) -> None:
+    """End this transaction if a statement runs, or it idles, for longer than `seconds`."""
+    cursor.execute(BOUND_TRANSACTION, {"ms": str(max(1, round(seconds * 1000)))})
 
 
 def lock_for_effect(cursor: Cursor, *, job_id: int, owner: str, version: int) -> bool:

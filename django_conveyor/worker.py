@@ -413,7 +413,8 @@ class Worker:
             )
         self.settle(written)
         for lease in leases:
-            held = Held(lease, LeaseState(self.worker_id, lease.version, self.database))
+            state = LeaseState(self.worker_id, lease.version, self.database, self.lease_seconds)
+            held = Held(lease, state)
             self.held[lease.id] = held
             self.slots.submit(held)
         self.stats.add("claimed", len(leases))

@@ -14,6 +14,7 @@ from django_conveyor import protocol
 from django_conveyor.models import Job
 from django_conveyor.operations import pause
 from tests.factories import JobFactory
+from tests.helpers import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -195,6 +196,53 @@ class TestLockForEffect(GuardedOutcome):
                 assert protocol.reap(other.cursor()) == []  # locked: skipped
         with connect("default") as other:
             assert [r.id for r in protocol.reap(other.cursor())] == [job.id]
+
+
+class TestBoundTransaction:
+    """A guarded transaction whose session goes quiet ends, and its row lock with it."""
+
+    def test_an_idle_guarded_transaction_is_ended_and_the_job_reaped(self):
+        import psycopg
+
+        from django_conveyor.dbconn import connect
+
+        job = JobFactory(expired=True)
+        with connect("default") as frozen, connect("default") as reaper:
+            frozen.autocommit = False
+            cur = frozen.cursor()
+            protocol.bound_transaction(cur, seconds=0.3)
+            assert protocol.lock_for_effect(cur, job_id=job.id, owner=OWNER, version=1)
+            assert protocol.reap(reaper.cursor()) == []  # locked: skipped
+            # Once the session has been idle for the bound, PostgreSQL ends it.
+            wait_until(lambda: [r.id for r in protocol.reap(reaper.cursor())] == [job.id])
+            with pytest.raises(psycopg.Error):
+                cur.execute("SELECT 1")
+                frozen.commit()
+        assert row(job).state == "available"
+
+    def test_a_long_statement_is_cancelled_and_the_lock_released(self):
+        import psycopg
+
+        from django_conveyor.dbconn import connect
+
+        job = JobFactory(expired=True)
+        with connect("default") as hung, connect("default") as reaper:
+            hung.autocommit = False
+            cur = hung.cursor()
+            protocol.bound_transaction(cur, seconds=0.3)
+            assert protocol.lock_for_effect(cur, job_id=job.id, owner=OWNER, version=1)
+            with pytest.raises(psycopg.errors.QueryCanceled):
+                cur.execute("SELECT pg_sleep(30)")
+            assert [r.id for r in protocol.reap(reaper.cursor())] == [job.id]
+
+    def test_the_bound_ends_with_the_transaction(self):
+        from django_conveyor.dbconn import connect
+
+        with connect("default") as conn:
+            with conn.transaction():
+                protocol.bound_transaction(conn.cursor(), seconds=0.3)
+            assert conn.execute("SHOW idle_in_transaction_session_timeout").fetchone() == ("0",)
+            assert conn.execute("SHOW statement_timeout").fetchone() == ("0",)
 
 
 class TestReap:
