@@ -4,13 +4,16 @@ These run the SQL of `protocol.py` directly against the real database; the
 names follow the spec's actions.
 """
 
+import contextlib
 import datetime as dt
 
+import psycopg
 import pytest
 from django.db import connection, transaction
 from django.utils import timezone
 
 from django_conveyor import protocol
+from django_conveyor.dbconn import connect
 from django_conveyor.models import Job
 from django_conveyor.operations import pause
 from tests.factories import JobFactory
@@ -55,7 +58,6 @@ class TestClaim:
 
     def test_skips_rows_locked_by_another_claimer(self, cur):
         JobFactory.create_batch(2)
-        from django_conveyor.dbconn import connect
 
         with connect("default") as other, other.transaction():
             other.execute("SELECT id FROM conveyor_job ORDER BY id LIMIT 1 FOR UPDATE")
@@ -188,7 +190,6 @@ class TestLockForEffect(GuardedOutcome):
 
     def test_locks_the_row_so_the_reaper_skips_it(self, cur):
         job = JobFactory(expired=True)
-        from django_conveyor.dbconn import connect
 
         with transaction.atomic():
             assert self.write(cur, job.id, 1)
@@ -201,43 +202,34 @@ class TestLockForEffect(GuardedOutcome):
 class TestBoundTransaction:
     """A guarded transaction whose session goes quiet ends, and its row lock with it."""
 
-    def test_an_idle_guarded_transaction_is_ended_and_the_job_reaped(self):
-        import psycopg
-
-        from django_conveyor.dbconn import connect
-
+    @contextlib.contextmanager
+    def locked_in_a_bounded_transaction(self, seconds=0.3):
+        """(guarded cursor, reaper cursor, job) with the job's row locked by the first."""
         job = JobFactory(expired=True)
-        with connect("default") as frozen, connect("default") as reaper:
-            frozen.autocommit = False
-            cur = frozen.cursor()
-            protocol.bound_transaction(cur, seconds=0.3)
+        with connect("default") as guarded, connect("default") as reaper:
+            guarded.autocommit = False
+            cur = guarded.cursor()
+            protocol.bound_transaction(cur, seconds=seconds)
             assert protocol.lock_for_effect(cur, job_id=job.id, owner=OWNER, version=1)
             assert protocol.reap(reaper.cursor()) == []  # locked: skipped
+            yield cur, reaper.cursor(), job
+
+    def test_an_idle_guarded_transaction_is_ended_and_the_job_reaped(self):
+        with self.locked_in_a_bounded_transaction() as (cur, reaper, job):
             # Once the session has been idle for the bound, PostgreSQL ends it.
-            wait_until(lambda: [r.id for r in protocol.reap(reaper.cursor())] == [job.id])
+            wait_until(lambda: [r.id for r in protocol.reap(reaper)] == [job.id])
             with pytest.raises(psycopg.Error):
                 cur.execute("SELECT 1")
-                frozen.commit()
+                cur.connection.commit()
         assert row(job).state == "available"
 
     def test_a_long_statement_is_cancelled_and_the_lock_released(self):
-        import psycopg
-
-        from django_conveyor.dbconn import connect
-
-        job = JobFactory(expired=True)
-        with connect("default") as hung, connect("default") as reaper:
-            hung.autocommit = False
-            cur = hung.cursor()
-            protocol.bound_transaction(cur, seconds=0.3)
-            assert protocol.lock_for_effect(cur, job_id=job.id, owner=OWNER, version=1)
+        with self.locked_in_a_bounded_transaction() as (cur, reaper, job):
             with pytest.raises(psycopg.errors.QueryCanceled):
                 cur.execute("SELECT pg_sleep(30)")
-            assert [r.id for r in protocol.reap(reaper.cursor())] == [job.id]
+            assert [r.id for r in protocol.reap(reaper)] == [job.id]
 
     def test_the_bound_ends_with_the_transaction(self):
-        from django_conveyor.dbconn import connect
-
         with connect("default") as conn:
             with conn.transaction():
                 protocol.bound_transaction(conn.cursor(), seconds=0.3)
