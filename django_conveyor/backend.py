@@ -18,13 +18,13 @@ from .compat import (
     BaseTaskBackend,
     InvalidTask,
     TaskResultDoesNotExist,
-    TaskResultStatus,
     task_enqueued,
 )
 from .conf import conveyor_settings
-from .results import ConveyorTaskResult, parse_result_id, result_from_job, result_id
+from .results import ConveyorTaskResult, parse_result_id, result_from_job, result_id, task_result
 from .serialization import json_round_trip
 from .signals import task_enqueue_replayed
+from .states import JobState
 from .tasks import ConveyorTask
 
 MAX_IDEMPOTENCY_KEY_LENGTH = 255
@@ -97,41 +97,41 @@ class ConveyorBackend(BaseTaskBackend):
             enqueued = protocol.enqueue(cursor, jobs, notify=conveyor_settings().NOTIFY)
         results = []
         for job, row in zip(jobs, enqueued, strict=True):
-            result = ConveyorTaskResult(
-                task=task,
-                id=result_id(database, row.id),
-                status=TaskResultStatus.READY,
-                enqueued_at=row.enqueued_at,
-                started_at=None,
-                finished_at=None,
-                last_attempted_at=None,
+            if not row.created:  # The idempotency key named an existing job.
+                replayed = self._load(database, row.id, created=False)
+                task_enqueue_replayed.send(type(self), task_result=replayed)
+                results.append(replayed)
+                continue
+            result = task_result(
+                task,
+                database=database,
+                job_id=row.id,
+                state=JobState.AVAILABLE,
                 args=job.args,
                 kwargs=job.kwargs,
                 backend=self.alias,
-                errors=[],
-                worker_ids=[],
-                created=row.created,
+                enqueued_at=row.enqueued_at,
             )
-            if row.created:
-                task_enqueued.send(type(self), task_result=result)
-            else:
-                result = self.get_result(result.id)
-                object.__setattr__(result, "created", False)
-                task_enqueue_replayed.send(type(self), task_result=result)
+            task_enqueued.send(type(self), task_result=result)
             results.append(result)
         return results
 
     def get_result(self, result_id: str) -> ConveyorTaskResult:
-        from .models import Job
-
         database, job_id = parse_result_id(result_id)
         if database not in conveyor_settings().databases():
             raise TaskResultDoesNotExist(f"No job has the id {result_id!r}.")
+        return self._load(database, job_id)
+
+    def _load(self, database: str, job_id: int, *, created: bool = True) -> ConveyorTaskResult:
+        from .models import Job
+
         try:
             job = Job.objects.using(database).get(pk=job_id)
         except Job.DoesNotExist as exc:
-            raise TaskResultDoesNotExist(f"No job has the id {result_id!r}.") from exc
-        return result_from_job(job, database=database)
+            raise TaskResultDoesNotExist(
+                f"No job has the id {result_id(database, job_id)!r}."
+            ) from exc
+        return result_from_job(job, database=database, created=created)
 
     def check(self, **kwargs: Any) -> Iterable[checks.CheckMessage]:
         if not apps.is_installed("django_conveyor"):

@@ -1,19 +1,28 @@
-"""The one place that reads `settings.CONVEYOR`.
+"""The one place that reads `settings.CONVEYOR`, and the one declaration of each key.
 
-Every key has a documented default below; `checks.py` validates the dict at
-start-up so a bad value fails with a message naming the key, and
-`setting_changed` clears the cache so tests can override it.
+Every key is declared once, as a `Setting` on `ConveyorSettings`: the types
+it accepts, its default, its lower bound and what it means. Both readers
+derive from that declaration: `conveyor_settings()` converts the user's
+dict (every duration to float) and refuses a bad value with a message that
+names the key, and `checks.py` reports the same `problems()` as system-check
+errors at start-up. `setting_changed` clears the cache so tests can override
+the dict.
 """
 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field, fields
-from typing import Any
+from collections.abc import Callable, Collection, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar, overload
 
 from django.conf import settings as django_settings
 from django.core.signals import setting_changed
 from django.dispatch import receiver
+
+from .exceptions import ConveyorConfigurationError
+
+T = TypeVar("T")
 
 DEFAULT_DATABASE = "default"
 DEFAULT_LEASE_SECONDS = 30.0
@@ -27,32 +36,178 @@ DEFAULT_BACKOFF_CAP_SECONDS = 600.0
 DEFAULT_RETENTION_SECONDS = 7 * 24 * 3600.0
 DEFAULT_API_MAX_BODY_BYTES = 64 * 1024
 
+SECONDS = (int, float)  # Durations: float seconds, ints accepted (never bool).
+NONE = type(None)
 
-@dataclass(frozen=True, slots=True, kw_only=True)
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """One thing wrong with CONVEYOR, as a system check reports it."""
+
+    id: str  # The check id, "conveyor.E0xx".
+    msg: str
+    hint: str
+
+
+class Setting(Generic[T]):
+    """One key of CONVEYOR: accepted types, default, lower bound, meaning."""
+
+    __slots__ = (
+        "bound_id", "convert", "default", "doc", "exclusive", "minimum", "name", "types"
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        types: tuple[type, ...],
+        default: T,
+        doc: str,
+        *,
+        minimum: float | None = None,  # Values below (or at, if exclusive) are refused.
+        exclusive: bool = False,
+        convert: Callable[[Any], T] | None = None,  # Applied to a valid user value.
+        bound_id: str = "conveyor.E004",  # The check id of a value past the bound.
+    ) -> None:
+        self.types = types
+        self.default = default
+        self.doc = doc
+        self.minimum = minimum
+        self.exclusive = exclusive
+        self.convert = convert
+        self.bound_id = bound_id
+        self.name = ""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, obj: None, owner: type) -> Setting[T]: ...
+    @overload
+    def __get__(self, obj: ConveyorSettings, owner: type) -> T: ...
+    def __get__(self, obj: ConveyorSettings | None, owner: type) -> Setting[T] | T:
+        return self if obj is None else obj._values[self.name]
+
+    @property
+    def key(self) -> str:
+        return f"CONVEYOR[{self.name!r}]"
+
+    @property
+    def hint(self) -> str:
+        return f"{self.name}: {self.doc} Default: {self.default!r}."
+
+    def problem(self, value: Any) -> Problem | None:
+        """What is wrong with `value` for this key (its type or its bound), or None."""
+        # bool is an int to Python, but never a number or a count here.
+        if not isinstance(value, self.types) or (
+            isinstance(value, bool) and bool not in self.types
+        ):
+            names = " or ".join("None" if t is NONE else t.__name__ for t in self.types)
+            return Problem(
+                "conveyor.E003",
+                f"{self.key} must be {names}, not {type(value).__name__} {value!r}.",
+                self.hint,
+            )
+        if self.minimum is None or value is None:
+            return None
+        # Written so that NaN, which compares false with everything, is refused.
+        if self.exclusive and not value > self.minimum:
+            bound = f"more than {self.minimum:g}"
+        elif not self.exclusive and not value >= self.minimum:
+            bound = f"{self.minimum:g} or more"
+        else:
+            return None
+        return Problem(self.bound_id, f"{self.key} must be {bound}, not {value!r}.", self.hint)
+
+    def raw(self, values: Mapping[str, Any]) -> Any:
+        """The value as the user wrote it, or the default."""
+        return values.get(self.name, self.default)
+
+    def value(self, values: Mapping[str, Any]) -> T:
+        """The value to use: written or default, converted (durations become float)."""
+        value = self.raw(values)
+        return self.convert(value) if self.convert else value
+
+
+def _positive_seconds(default: float, doc: str) -> Setting[float]:
+    return Setting[float](SECONDS, default, doc, minimum=0, exclusive=True, convert=float)
+
+
 class ConveyorSettings:
-    DATABASE: str = DEFAULT_DATABASE  # Django alias holding conveyor_job.
-    LEASE_SECONDS: float = DEFAULT_LEASE_SECONDS  # Lease granted by a claim or heartbeat.
-    HEARTBEAT_SECONDS: float = DEFAULT_HEARTBEAT_SECONDS  # How often leases are renewed.
-    POLL_SECONDS: float = DEFAULT_POLL_SECONDS  # Idle poll: the safety net under NOTIFY.
-    REAP_SECONDS: float = DEFAULT_REAP_SECONDS  # How often a worker reaps expired leases.
-    SHUTDOWN_TIMEOUT_SECONDS: float = DEFAULT_SHUTDOWN_TIMEOUT_SECONDS  # Grace on SIGTERM.
-    MAX_ATTEMPTS: int = DEFAULT_MAX_ATTEMPTS  # Attempts before a job is dead.
-    BACKOFF_BASE_SECONDS: float = DEFAULT_BACKOFF_BASE_SECONDS  # First retry's ceiling.
-    BACKOFF_CAP_SECONDS: float = DEFAULT_BACKOFF_CAP_SECONDS  # No retry waits longer.
-    PREFETCH: int | None = None  # Jobs claimed ahead of free slots; None adapts.
-    NOTIFY: bool = True  # Send NOTIFY inside the enqueue transaction.
-    LISTEN: bool = True  # False: poll only (for poolers that break LISTEN).
-    LISTENER_DSN: str | None = None  # Direct connection for LISTEN, bypassing a pooler.
-    RETENTION_SECONDS: float = DEFAULT_RETENTION_SECONDS  # Finished jobs kept by pruning.
-    # Sharding: queue name -> Django alias; other queues live in DATABASE.
-    QUEUE_DATABASES: dict[str, str] = field(default_factory=dict)
-    # Periodic jobs: schedule name -> {schedule, task, ...}; see docs/cron.md.
-    CRON: dict[str, dict[str, Any]] = field(default_factory=dict)
-    # HTTP API (docs/api.md): task paths or patterns the API may enqueue; none by default.
-    API_TASKS: tuple[str, ...] = ()
-    API_MAX_BODY_BYTES: int = DEFAULT_API_MAX_BODY_BYTES  # Larger POST bodies are refused.
-    # Metrics (docs/metrics.md): addresses or networks that may scrape without a key.
-    METRICS_ALLOWED_ADDRESSES: tuple[str, ...] = ()
+    """The CONVEYOR dict, validated: one attribute per declared key."""
+
+    __slots__ = ("_values",)
+
+    DATABASE = Setting[str](
+        (str,), DEFAULT_DATABASE,
+        "the DATABASES alias holding conveyor_job, for every queue not in QUEUE_DATABASES.",
+    )  # fmt: skip
+    LEASE_SECONDS = _positive_seconds(
+        DEFAULT_LEASE_SECONDS, "seconds a claim or a heartbeat keeps a job."
+    )
+    HEARTBEAT_SECONDS = _positive_seconds(
+        DEFAULT_HEARTBEAT_SECONDS, "how often a worker renews its leases (at most half the lease)."
+    )
+    POLL_SECONDS = _positive_seconds(
+        DEFAULT_POLL_SECONDS, "how long an idle worker waits before it looks for jobs again."
+    )
+    REAP_SECONDS = _positive_seconds(
+        DEFAULT_REAP_SECONDS, "how often each worker takes back expired leases."
+    )
+    SHUTDOWN_TIMEOUT_SECONDS = Setting[float](
+        SECONDS, DEFAULT_SHUTDOWN_TIMEOUT_SECONDS,
+        "seconds running handlers get after SIGTERM before their leases are handed back.",
+        minimum=0, convert=float,
+    )  # fmt: skip
+    MAX_ATTEMPTS = Setting[int](
+        (int,), DEFAULT_MAX_ATTEMPTS, "attempts per job unless the task sets max_attempts.",
+        minimum=1,
+    )  # fmt: skip
+    BACKOFF_BASE_SECONDS = _positive_seconds(
+        DEFAULT_BACKOFF_BASE_SECONDS, "ceiling of the first retry's delay; doubles per attempt."
+    )
+    BACKOFF_CAP_SECONDS = _positive_seconds(
+        DEFAULT_BACKOFF_CAP_SECONDS, "no retry waits longer than this."
+    )
+    PREFETCH = Setting["int | None"](
+        (int, NONE), None,
+        "jobs claimed beyond the free slots; None adapts to job length, 0 turns it off.",
+        minimum=0,
+    )  # fmt: skip
+    NOTIFY = Setting[bool]((bool,), True, "send NOTIFY in the enqueue transaction.")
+    LISTEN = Setting[bool]((bool,), True, "keep a LISTEN connection; False polls only.")
+    LISTENER_DSN = Setting["str | None"](
+        (str, NONE), None, "a libpq connection string for LISTEN alone, bypassing a pooler."
+    )
+    RETENTION_SECONDS = _positive_seconds(
+        DEFAULT_RETENTION_SECONDS, "how long conveyor_prune keeps finished jobs by default."
+    )
+    QUEUE_DATABASES = Setting["dict[str, str]"](
+        (dict,), {}, "sharding: queue name -> the DATABASES alias holding its jobs.",
+        convert=dict,
+    )  # fmt: skip
+    CRON = Setting["dict[str, dict[str, Any]]"](
+        (dict,), {}, "periodic jobs: schedule name -> {schedule, task, ...}; see docs/cron.md.",
+        convert=dict,
+    )  # fmt: skip
+    API_TASKS = Setting["tuple[str, ...]"](
+        (list, tuple), (), "task paths or patterns the HTTP API may enqueue; see docs/api.md.",
+        convert=tuple,
+    )  # fmt: skip
+    API_MAX_BODY_BYTES = Setting[int](
+        (int,), DEFAULT_API_MAX_BODY_BYTES, "larger HTTP API request bodies are refused.",
+        minimum=1, bound_id="conveyor.E032",
+    )  # fmt: skip
+    METRICS_ALLOWED_ADDRESSES = Setting["tuple[str, ...]"](
+        (list, tuple), (), "addresses or networks that may scrape the metrics without a key.",
+        convert=tuple,
+    )  # fmt: skip
+
+    def __init__(self, values: Mapping[str, Any]) -> None:
+        self._values = dict(values)
+
+    @classmethod
+    def declared(cls) -> Iterator[Setting[Any]]:
+        """Every declared key, in declaration order."""
+        return (v for v in vars(cls).values() if isinstance(v, Setting))
 
     def database_for(self, queue: str) -> str:
         """The alias whose conveyor_job holds this queue's jobs."""
@@ -63,49 +218,114 @@ class ConveyorSettings:
         return list(dict.fromkeys([self.DATABASE, *self.QUEUE_DATABASES.values()]))
 
 
-_NUMBER = (int, float)
-SETTING_TYPES: dict[str, tuple[type, ...]] = {
-    "DATABASE": (str,),
-    "LEASE_SECONDS": _NUMBER,
-    "HEARTBEAT_SECONDS": _NUMBER,
-    "POLL_SECONDS": _NUMBER,
-    "REAP_SECONDS": _NUMBER,
-    "SHUTDOWN_TIMEOUT_SECONDS": _NUMBER,
-    "MAX_ATTEMPTS": (int,),
-    "BACKOFF_BASE_SECONDS": _NUMBER,
-    "BACKOFF_CAP_SECONDS": _NUMBER,
-    "PREFETCH": (int, type(None)),
-    "NOTIFY": (bool,),
-    "LISTEN": (bool,),
-    "LISTENER_DSN": (str, type(None)),
-    "RETENTION_SECONDS": _NUMBER,
-    "QUEUE_DATABASES": (dict,),
-    "CRON": (dict,),
-    "API_TASKS": (list, tuple),
-    "API_MAX_BODY_BYTES": (int,),
-    "METRICS_ALLOWED_ADDRESSES": (list, tuple),
-}
+SETTINGS: dict[str, Setting[Any]] = {s.name: s for s in ConveyorSettings.declared()}
+
+
+def problems(value: Any, databases: Collection[str] | None = None) -> list[Problem]:
+    """Everything wrong with a CONVEYOR value; aliases are checked when `databases` is given."""
+    if not isinstance(value, dict):
+        return [
+            Problem(
+                "conveyor.E001",
+                f"CONVEYOR must be a dict, not {type(value).__name__}.",
+                "Set CONVEYOR to a dict of the keys to change, or remove it for the defaults.",
+            )
+        ]
+    found: list[Problem] = []
+    bad: set[str] = set()  # Keys already reported: no cross-key check on them.
+    for key, val in value.items():
+        setting = SETTINGS.get(key)
+        if setting is None:
+            found.append(
+                Problem(
+                    "conveyor.E002",
+                    f"CONVEYOR[{key!r}] is not a setting of django-conveyor.",
+                    f"Known keys: {', '.join(sorted(SETTINGS))}.",
+                )
+            )
+        elif problem := setting.problem(val):
+            found.append(problem)
+            bad.add(key)
+    found += _timing_problems(value, bad)
+    found += _database_problems(value, databases)
+    return found
+
+
+def _timing_problems(values: dict[str, Any], bad: set[str]) -> list[Problem]:
+    lease, beat = ConveyorSettings.LEASE_SECONDS, ConveyorSettings.HEARTBEAT_SECONDS
+    if {lease.name, beat.name} & bad or not beat.raw(values) * 2 > lease.raw(values):
+        return []
+    return [
+        Problem(
+            "conveyor.E006",
+            f"{beat.key} ({beat.raw(values)}) must be at most half of {lease.key} "
+            f"({lease.raw(values)}), or one late heartbeat loses the lease.",
+            "Lower HEARTBEAT_SECONDS or raise LEASE_SECONDS; a third of the lease leaves "
+            "room to miss a beat.",
+        )
+    ]
+
+
+def _database_problems(values: dict[str, Any], databases: Collection[str] | None) -> list[Problem]:
+    found = []
+    database = values.get("DATABASE", DEFAULT_DATABASE)
+    if databases is not None and isinstance(database, str) and database not in databases:
+        found.append(
+            Problem(
+                "conveyor.E005",
+                f"CONVEYOR['DATABASE'] names {database!r}, which is not in DATABASES.",
+                "Name an alias of DATABASES, or add that alias.",
+            )
+        )
+    shards = values.get("QUEUE_DATABASES", {})
+    for queue, alias in shards.items() if isinstance(shards, dict) else ():
+        if not isinstance(queue, str) or not isinstance(alias, str):
+            found.append(
+                Problem(
+                    "conveyor.E007",
+                    f"CONVEYOR['QUEUE_DATABASES'] must map queue names to database aliases "
+                    f"(strings), not {queue!r}: {alias!r}.",
+                    "Write it as {'queue name': 'DATABASES alias', ...}.",
+                )
+            )
+        elif databases is not None and alias not in databases:
+            found.append(
+                Problem(
+                    "conveyor.E008",
+                    f"CONVEYOR['QUEUE_DATABASES'][{queue!r}] names {alias!r}, which is not "
+                    "in DATABASES.",
+                    "Name an alias of DATABASES, or add that alias (and migrate it).",
+                )
+            )
+    return found
+
+
+def written() -> Any:
+    """The user's CONVEYOR value exactly as written (an empty dict when unset)."""
+    return getattr(django_settings, "CONVEYOR", {})
 
 
 def raw_settings() -> dict[str, Any]:
-    """The user's CONVEYOR dict as written (validated by the checks)."""
-    value = getattr(django_settings, "CONVEYOR", None)
+    """The user's CONVEYOR dict as written, unvalidated ({} unless it is a dict)."""
+    value = written()
     return dict(value) if isinstance(value, dict) else {}
+
+
+# Values no code could run with; the rest (unknown keys, missing aliases, the
+# heartbeat/lease ratio) are reported by the system checks alone.
+REFUSED_AT_RUNTIME = frozenset(
+    {"conveyor.E001", "conveyor.E003", "conveyor.E004", "conveyor.E007", "conveyor.E032"}
+)
 
 
 @functools.cache
 def conveyor_settings() -> ConveyorSettings:
-    known = {f.name for f in fields(ConveyorSettings)}
-    values = {k: v for k, v in raw_settings().items() if k in known}
-    if "QUEUE_DATABASES" in values:
-        values["QUEUE_DATABASES"] = dict(values["QUEUE_DATABASES"])
-    for key in ("API_TASKS", "METRICS_ALLOWED_ADDRESSES"):
-        if key in values:
-            values[key] = tuple(values[key])
-    for key in ("LEASE_SECONDS", "HEARTBEAT_SECONDS", "POLL_SECONDS", "REAP_SECONDS"):
-        if key in values:
-            values[key] = float(values[key])
-    return ConveyorSettings(**values)
+    """The validated settings; a bad value raises, naming the key, even without checks."""
+    refused = [p for p in problems(written()) if p.id in REFUSED_AT_RUNTIME]
+    if refused:
+        raise ConveyorConfigurationError(" ".join(p.msg for p in refused))
+    raw = raw_settings()
+    return ConveyorSettings({s.name: s.value(raw) for s in SETTINGS.values()})
 
 
 @receiver(setting_changed)

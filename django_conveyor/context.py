@@ -8,46 +8,49 @@ database effects exactly-once.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db import connections, transaction
 
-from . import protocol
+from . import ledger, protocol
 from .compat import TaskContext
-from .conf import DEFAULT_LEASE_SECONDS
 from .exceptions import LeaseLost
 
-
-@dataclass(slots=True)
-class LeaseState:
-    """Shared between the worker loop and the handler thread of one attempt."""
-
-    owner: str
-    version: int
-    database: str  # The alias whose conveyor_job holds the job.
-    # Bounds each statement, and each idle gap, of context.atomic() (seconds).
-    lease_seconds: float = DEFAULT_LEASE_SECONDS
-    lost: threading.Event = field(default_factory=threading.Event)
-    completed_in_atomic: bool = False  # The guarded commit wrote the outcome.
-    in_atomic: bool = False  # Holding the row lock in context.atomic() right now.
-    lost_reason: str = ""
-
-    def mark_lost(self, reason: str) -> None:
-        self.lost_reason = reason
-        self.lost.set()
+if TYPE_CHECKING:
+    from .leases import HeldLease
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class JobContext(TaskContext):
-    job_id: int  # The conveyor_job id (also task_result.id as a string).
-    token: int  # The fencing token: this attempt's lease version.
-    worker_id: str  # The worker holding the lease.
-    database: str  # Django alias of conveyor_job; atomic() writes there.
-    lease_state: LeaseState = field(repr=False)
+    held: HeldLease = field(repr=False)  # The worker's lease, shared with its control loop.
+
+    @property
+    def attempt(self) -> int:
+        """This attempt's number, from 1 (a requeue starts again at 1)."""
+        return self.held.lease.attempt
+
+    @property
+    def job_id(self) -> int:
+        """The conveyor_job id (also task_result.id, as a string, outside shards)."""
+        return self.held.lease.id
+
+    @property
+    def token(self) -> int:
+        """The fencing token: this attempt's lease version."""
+        return self.held.lease.version
+
+    @property
+    def worker_id(self) -> str:
+        """The worker holding the lease (the token's owner)."""
+        return self.held.lease.owner
+
+    @property
+    def database(self) -> str:
+        """Django alias of conveyor_job; atomic() writes there."""
+        return self.held.database
 
     @property
     def idempotency_key(self) -> str:
@@ -59,8 +62,13 @@ class JobContext(TaskContext):
         return f"{self.idempotency_key}-{name}"
 
     def lease_held(self) -> bool:
-        """False once the worker knows the lease is gone: stop work early."""
-        return not self.lease_state.lost.is_set()
+        """False once the worker knows the lease is gone or the job cancelled: stop early."""
+        return not self.held.lost
+
+    @property
+    def cancel_requested(self) -> bool:
+        """True once the worker learnt that an operator cancelled this running job."""
+        return self.held.cancel_requested
 
     @contextmanager
     def atomic(self) -> Iterator[None]:
@@ -78,31 +86,30 @@ class JobContext(TaskContext):
         for ever. The job is then reaped and run again; the block's next
         statement, and its commit, fail with nothing committed.
         """
-        state = self.lease_state
+        held = self.held
         connection = connections[self.database]
         if connection.in_atomic_block:
             raise RuntimeError(
                 "context.atomic() must be the outermost transaction: inside another "
                 "atomic block its commit would not be the job's commit."
             )
-        if state.completed_in_atomic:
+        if held.completed_in_atomic:
             raise RuntimeError("context.atomic() completes the job; use it once per attempt.")
-        state.in_atomic = True
+        held.in_atomic = True
         try:
             yield from self._guarded(connection)
-            state.completed_in_atomic = True
+            held.completed_in_atomic = True
         finally:
-            state.in_atomic = False
+            held.in_atomic = False
 
     def _guarded(self, connection: Any) -> Iterator[None]:
-        state = self.lease_state
         with transaction.atomic(using=self.database):
             with connection.cursor() as cursor:
-                protocol.bound_transaction(cursor, seconds=state.lease_seconds)
+                protocol.bound_transaction(cursor, seconds=self.held.lease_seconds)
                 if not protocol.lock_for_effect(
                     cursor, job_id=self.job_id, owner=self.worker_id, version=self.token
                 ):
-                    state.mark_lost("the guarded lock found another token")
+                    self.held.mark_lost("the guarded lock found another token")
                     raise LeaseLost(
                         f"Job {self.job_id} is no longer held by token {self.token} of worker "
                         f"{self.worker_id}; nothing in this transaction was committed."
@@ -117,6 +124,12 @@ class JobContext(TaskContext):
 
     def record_effect(self, effect_key: str) -> Any:
         """Record an applied effect in the ledger; call it inside `atomic()`."""
-        from .ledger import record_effect
-
-        return record_effect(self, effect_key)
+        if not self.held.in_atomic:
+            raise RuntimeError("record_effect() must run inside context.atomic().")
+        return ledger.record_effect(
+            database=self.database,
+            job_id=self.job_id,
+            lease_version=self.token,
+            worker=self.worker_id,
+            effect_key=effect_key,
+        )

@@ -8,6 +8,7 @@ handler and never churn a connection per job.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import psycopg
@@ -30,3 +31,24 @@ def connect(alias: str, *, dsn: str | None = None, prepare: bool = True) -> psyc
         conn = psycopg.connect(**connection_params(alias), autocommit=True)
     conn.prepare_threshold = 2 if prepare else None
     return conn
+
+
+class LoopConnection:
+    """The control loop's own connection: opened on demand, dropped on any doubt."""
+
+    def __init__(self, alias: str, *, prepare: bool) -> None:
+        self.alias = alias
+        self.prepare = prepare
+        self.conn: psycopg.Connection | None = None
+
+    def get(self) -> psycopg.Connection:
+        if self.conn is None or self.conn.closed:
+            self.conn = connect(self.alias, prepare=self.prepare)
+        return self.conn
+
+    def drop(self) -> None:
+        """Close it; the next get() reconnects (pending outcomes are written again, fenced)."""
+        if self.conn is not None:
+            with contextlib.suppress(psycopg.Error):
+                self.conn.close()
+        self.conn = None

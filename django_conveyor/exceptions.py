@@ -35,12 +35,12 @@ class Cancelled(ConveyorError):
     """The job was cancelled before it ran (recorded in its errors)."""
 
 
-class JobNotFound(ConveyorError):
-    """No job has that id."""
+class EffectAlreadyApplied(ConveyorError):
+    """The ledger already holds this effect for this job."""
 
 
-class InvalidTransition(ConveyorError):
-    """The job is not in a state that allows the requested change."""
+class UnknownTask(ConveyorError):
+    """A job's task path does not import, or names something that is not a task."""
 
 
 class IdempotencyKeyReused(ConveyorError):

@@ -1,155 +1,110 @@
 """Running one attempt: resolve, call, classify, report.
 
-Each step is a short function; the worker writes the resulting `Outcome`
-through the protocol, guarded by the attempt's token.
+Each step is a short function; `execute` returns the attempt's `Outcome`,
+which the control loop writes through the protocol, guarded by the token.
 """
 
 from __future__ import annotations
 
-import functools
+import asyncio
 import logging
-import random
-import traceback
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from inspect import iscoroutinefunction
 from typing import Any
 
+from asgiref.sync import async_to_sync
 from django.db import connections
-from django.utils.module_loading import import_string
 
-from .compat import Task, TaskError, TaskResultStatus, task_finished, task_started
-from .conf import conveyor_settings
-from .context import JobContext, LeaseState
+from . import outcomes
+from .backoff import retry_delay
+from .compat import Task, TaskResultStatus, task_finished, task_started
+from .context import JobContext
 from .exceptions import ArgumentsNotSerializable, Discard, LeaseLost, Snooze
+from .leases import HeldLease
 from .logs import log_job
-from .protocol import Lease
-from .results import ConveyorTaskResult, result_id
+from .outcomes import Outcome, error_entry
+from .results import ConveyorTaskResult, finished, task_result
 from .serialization import json_round_trip
+from .states import JobState
+from .tasks import resolve_task
 
 logger = logging.getLogger("django_conveyor.executor")
 
-COMPLETE = "complete"
-RETRY = "retry"
-FAIL = "fail"
-SNOOZE = "snooze"
-DONE_IN_ATOMIC = "done_in_atomic"  # context.atomic() already wrote the outcome.
-LOST = "lost"  # The handler met LeaseLost: nothing to write.
+FINISHED_STATUS = {
+    outcomes.COMPLETE: TaskResultStatus.SUCCESSFUL,
+    outcomes.DONE_IN_ATOMIC: TaskResultStatus.SUCCESSFUL,
+    outcomes.FAIL: TaskResultStatus.FAILED,
+    outcomes.RETRY: TaskResultStatus.FAILED,
+    outcomes.LOST: TaskResultStatus.FAILED,
+}  # A snooze is not a finish: the job runs again as if it had not started.
 
 
-@dataclass(slots=True)
-class Outcome:
-    kind: str
-    lease: Lease
-    state: LeaseState
-    return_value: Any = None
-    delay: float = 0.0
-    error: dict[str, Any] = field(default_factory=dict)
-
-
-def backoff_delay(attempt: int, base: float, cap: float) -> float:
-    """Exponential backoff with full jitter: uniform in [0, min(cap, base * 2^(n-1))]."""
-    ceiling = min(cap, base * (2 ** max(attempt - 1, 0)))
-    return random.uniform(0, ceiling)
-
-
-def error_entry(exc: BaseException) -> dict[str, Any]:
-    cls = type(exc)
-    return {
-        "exception_class_path": f"{cls.__module__}.{cls.__qualname__}",
-        "traceback": "".join(traceback.format_exception(exc)),
-    }
-
-
-@functools.lru_cache(maxsize=1024)
-def import_task(task_path: str) -> Task:
-    obj = import_string(task_path)
-    if not isinstance(obj, Task):
-        raise TypeError(f"{task_path!r} is not a task (decorate it with @task).")
-    return obj
-
-
-def resolve(lease: Lease) -> Task:
-    return import_task(lease.task_path)
-
-
-def task_or_none(task_path: str) -> Task | None:
-    """The task, or None when it cannot be imported (execute reports that)."""
-    try:
-        return import_task(task_path)
-    except Exception:
-        return None
-
-
-def task_timeout(task_path: str) -> float | None:
-    return getattr(task_or_none(task_path), "timeout", None)
-
-
-def retry_delay(task: Task | None, attempt: int) -> float:
-    """The backoff before the next attempt, from the task's bounds or the settings."""
-    settings = conveyor_settings()
-    base = getattr(task, "backoff_base", None) or settings.BACKOFF_BASE_SECONDS
-    cap = getattr(task, "backoff_cap", None) or settings.BACKOFF_CAP_SECONDS
-    return backoff_delay(attempt, base, cap)
-
-
-def build_result(task: Task, lease: Lease, state: LeaseState) -> ConveyorTaskResult:
-    return ConveyorTaskResult(
-        task=task,
-        id=result_id(state.database, lease.id),
-        status=TaskResultStatus.RUNNING,
-        enqueued_at=lease.enqueued_at,
-        started_at=lease.started_at,
-        finished_at=None,
-        last_attempted_at=lease.started_at,
+def running_result(task: Task, held: HeldLease) -> ConveyorTaskResult:
+    lease = held.lease
+    return task_result(
+        task,
+        database=held.database,
+        job_id=lease.id,
+        state=JobState.RUNNING,
         args=lease.args,
         kwargs=lease.kwargs,
         backend=lease.backend,
-        errors=[],
-        worker_ids=[state.owner] * lease.attempt,
-        state="running",
+        enqueued_at=lease.enqueued_at,
+        started_at=lease.started_at,
+        errors=lease.errors or (),
+        lease_owner=lease.owner,
     )
 
 
-def call(task: Task, lease: Lease, result: ConveyorTaskResult, state: LeaseState) -> Any:
-    if not task.takes_context:
-        return task.call(*lease.args, **lease.kwargs)
-    context = JobContext(
-        task_result=result,
-        job_id=lease.id,
-        token=lease.version,
-        worker_id=state.owner,
-        database=state.database,
-        lease_state=state,
+def call(task: Task, held: HeldLease, result: ConveyorTaskResult) -> Any:
+    lease = held.lease
+    args = (
+        [JobContext(task_result=result, held=held), *lease.args]
+        if task.takes_context
+        else lease.args
     )
-    return task.call(context, *lease.args, **lease.kwargs)
+    if iscoroutinefunction(task.func):
+        return async_to_sync(cancellable(task.func, held))(*args, **lease.kwargs)
+    return task.call(*args, **lease.kwargs)
 
 
-def classify(exc: BaseException, task: Task | None, lease: Lease, state: LeaseState) -> Outcome:
+def cancellable(func: Callable[..., Any], held: HeldLease) -> Callable[..., Any]:
+    """Run an async handler as a task that losing the lease (or a cancel) cancels."""
+
+    async def run(*args: Any, **kwargs: Any) -> Any:
+        task = asyncio.current_task()
+        loop = asyncio.get_running_loop()
+        assert task is not None
+        held.cancel_async = lambda: loop.call_soon_threadsafe(task.cancel)
+        try:
+            if held.lost:
+                raise asyncio.CancelledError  # Lost before it started.
+            return await func(*args, **kwargs)
+        finally:
+            held.cancel_async = None
+
+    return run
+
+
+def classify(exc: BaseException, task: Task | None, held: HeldLease) -> Outcome:
     if isinstance(exc, LeaseLost):
-        return Outcome(LOST, lease, state, error=error_entry(exc))
+        return Outcome(outcomes.LOST, held, error=error_entry(exc))
     if isinstance(exc, Snooze):
-        return Outcome(SNOOZE, lease, state, delay=exc.seconds)
+        return Outcome(outcomes.SNOOZE, held, delay=exc.seconds)
     if isinstance(exc, Discard | ArgumentsNotSerializable):
-        return Outcome(FAIL, lease, state, error=error_entry(exc))
-    delay = retry_delay(task, lease.attempt)
-    return Outcome(RETRY, lease, state, delay=delay, error=error_entry(exc))
+        return Outcome(outcomes.FAIL, held, error=error_entry(exc))
+    delay = retry_delay(task, held.lease.attempt)
+    return Outcome(outcomes.RETRY, held, delay=delay, error=error_entry(exc))
 
 
-def report(task: Task | None, result: ConveyorTaskResult | None, outcome: Outcome) -> None:
-    if task is None or result is None:
+def report(sender: type | None, result: ConveyorTaskResult | None, outcome: Outcome) -> None:
+    status = FINISHED_STATUS.get(outcome.kind)
+    if sender is None or result is None or status is None:
         return
-    if outcome.kind in (COMPLETE, DONE_IN_ATOMIC):
-        object.__setattr__(result, "status", TaskResultStatus.SUCCESSFUL)
-        object.__setattr__(result, "_return_value", outcome.return_value)
-    elif outcome.kind in (FAIL, RETRY, LOST):
-        object.__setattr__(result, "status", TaskResultStatus.FAILED)
-        object.__setattr__(
-            result,
-            "errors",
-            [TaskError(**{k: outcome.error[k] for k in ("exception_class_path", "traceback")})],
-        )
-    else:
-        return
-    task_finished.send(type(task.get_backend()), task_result=result)
+    done = finished(
+        result, status=status, return_value=outcome.return_value, error=outcome.error or None
+    )
+    task_finished.send(sender, task_result=done)
 
 
 def connection_hygiene() -> None:
@@ -165,27 +120,31 @@ def connection_hygiene() -> None:
         conn.close_if_unusable_or_obsolete()
 
 
-def execute(lease: Lease, state: LeaseState) -> Outcome:
+def execute(held: HeldLease) -> Outcome:
     """Run one attempt and say what should be written; never raises."""
+    lease = held.lease
     task: Task | None = None
+    sender: type | None = None  # The signals' sender: the task's backend class.
     result: ConveyorTaskResult | None = None
     try:
-        task = resolve(lease)
-        result = build_result(task, lease, state)
-        task_started.send(type(task.get_backend()), task_result=result)
-        value = call(task, lease, result, state)
+        task = resolve_task(lease.task_path)
+        held.timeout = getattr(task, "timeout", None)  # From now on timeouts.py watches it.
+        sender = type(task.get_backend())
+        result = running_result(task, held)
+        task_started.send(sender, task_result=result)
+        value = call(task, held, result)
         value = json_round_trip(value, f"{task.name}() return value")
-        kind = DONE_IN_ATOMIC if state.completed_in_atomic else COMPLETE
-        outcome = Outcome(kind, lease, state, return_value=value)
+        kind = outcomes.DONE_IN_ATOMIC if held.completed_in_atomic else outcomes.COMPLETE
+        outcome = Outcome(kind, held, return_value=value)
     except BaseException as exc:
-        if state.completed_in_atomic:
+        if held.completed_in_atomic:
             log_job(logger, logging.ERROR, lease, "raised after its guarded commit", exc_info=exc)
-            outcome = Outcome(DONE_IN_ATOMIC, lease, state)
+            outcome = Outcome(outcomes.DONE_IN_ATOMIC, held)
         else:
-            outcome = classify(exc, task, lease, state)
-            level = logging.INFO if outcome.kind == SNOOZE else logging.WARNING
+            outcome = classify(exc, task, held)
+            level = logging.INFO if outcome.kind == outcomes.SNOOZE else logging.WARNING
             log_job(logger, level, lease, "raised %s", type(exc).__name__)
     finally:
         connection_hygiene()
-    report(task, result, outcome)
+    report(sender, result, outcome)
     return outcome

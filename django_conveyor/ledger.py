@@ -1,8 +1,9 @@
 """The effect ledger: an audit trail of effects applied under a fencing token.
 
-An entry is written inside `context.atomic()`, so it commits with the
-handler's own writes and the job's completion, or not at all. The unique
-(job, effect key) constraint refuses a second application of one effect.
+An entry is written inside `context.atomic()` (`JobContext.record_effect`
+checks that), so it commits with the handler's own writes and the job's
+completion, or not at all. The unique (job, effect key) constraint refuses a
+second application of one effect.
 """
 
 from __future__ import annotations
@@ -12,34 +13,36 @@ from typing import TYPE_CHECKING
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from .exceptions import ConveyorError
+from .exceptions import EffectAlreadyApplied
 
 if TYPE_CHECKING:
-    from .context import JobContext
     from .models import LedgerEntry
 
+MAX_EFFECT_KEY_LENGTH = 255
 
-class EffectAlreadyApplied(ConveyorError):
-    """The ledger already holds this effect for this job."""
+__all__ = ["EffectAlreadyApplied", "record_effect"]
 
 
-def record_effect(context: JobContext, effect_key: str) -> LedgerEntry:
+def record_effect(
+    *, database: str, job_id: int, lease_version: int, worker: str, effect_key: str
+) -> LedgerEntry:
+    """Insert one ledger entry in the caller's (guarded) transaction."""
     from .models import LedgerEntry
 
-    if not context.lease_state.in_atomic:
-        raise RuntimeError("record_effect() must run inside context.atomic().")
-    if not effect_key or len(effect_key) > 255:
-        raise ValueError("effect_key must be a non-empty string of at most 255 characters.")
+    if not effect_key or len(effect_key) > MAX_EFFECT_KEY_LENGTH:
+        raise ValueError(
+            f"effect_key must be a non-empty string of at most {MAX_EFFECT_KEY_LENGTH} characters."
+        )
     try:
-        with transaction.atomic(using=context.database):
-            return LedgerEntry.objects.using(context.database).create(
-                job_id=context.job_id,
+        with transaction.atomic(using=database):
+            return LedgerEntry.objects.using(database).create(
+                job_id=job_id,
                 effect_key=effect_key,
-                lease_version=context.token,
-                worker=context.worker_id,
+                lease_version=lease_version,
+                worker=worker,
                 applied_at=timezone.now(),
             )
     except IntegrityError as exc:
         raise EffectAlreadyApplied(
-            f"Effect {effect_key!r} of job {context.job_id} is already in the ledger."
+            f"Effect {effect_key!r} of job {job_id} is already in the ledger."
         ) from exc

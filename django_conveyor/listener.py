@@ -14,12 +14,11 @@ from collections.abc import Callable
 
 import psycopg
 
+from .backoff import LISTENER_RECONNECT_SECONDS, Ladder
 from .dbconn import connect
 from .protocol import NOTIFY_CHANNEL
 
 logger = logging.getLogger("django_conveyor.listener")
-
-RECONNECT_BACKOFF_SECONDS = (0.5, 1.0, 2.0, 5.0)
 
 
 class Listener(threading.Thread):
@@ -41,14 +40,13 @@ class Listener(threading.Thread):
         self.notifications = 0
 
     def run(self) -> None:
-        failures = 0
+        backoff = Ladder(LISTENER_RECONNECT_SECONDS)
         while not self.stopping.is_set():
             try:
                 self.listen()
-                failures = 0
+                backoff.reset()
             except psycopg.Error as exc:
-                delay = RECONNECT_BACKOFF_SECONDS[min(failures, len(RECONNECT_BACKOFF_SECONDS) - 1)]
-                failures += 1
+                delay = backoff.next_delay()
                 logger.warning("listener lost its connection (%s); retrying in %.1fs", exc, delay)
                 self.wake()  # Anything may have been enqueued meanwhile: poll now.
                 self.stopping.wait(delay)

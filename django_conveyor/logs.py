@@ -9,7 +9,7 @@ if TYPE_CHECKING:
     from .protocol import Lease
 
 
-def job_extra(lease: Lease, worker_id: str | None = None) -> dict[str, Any]:
+def job_extra(lease: Lease) -> dict[str, Any]:
     """Fields for `extra=`, so structured handlers can index them."""
     return {
         "job_id": lease.id,
@@ -17,7 +17,7 @@ def job_extra(lease: Lease, worker_id: str | None = None) -> dict[str, Any]:
         "queue": lease.queue,
         "attempt": lease.attempt,
         "token": lease.version,
-        "worker_id": worker_id,
+        "worker_id": lease.owner,  # The token's owner, as the claim returned it.
     }
 
 

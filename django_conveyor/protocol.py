@@ -126,7 +126,10 @@ SET state = 'running',
 FROM picked
 WHERE j.id = picked.id
 RETURNING j.id, j.task_path, j.args, j.kwargs, j.queue, j.backend, j.priority, j.attempt,
-          j.max_attempts, j.lease_version, j.idempotency_key, j.enqueued_at, j.started_at
+          j.max_attempts, j.lease_version, j.idempotency_key, j.enqueued_at, j.started_at,
+          j.lease_owner,
+          extract(epoch FROM j.started_at - greatest(j.enqueued_at, j.run_after))::float8,
+          NULLIF(j.errors, '[]'::jsonb)
 """
 
 _HELD = "FROM jsonb_to_recordset(%(held)s::jsonb) AS h(id bigint, version bigint"
@@ -426,7 +429,11 @@ class Enqueued:
 
 @dataclass(frozen=True, slots=True)
 class Lease:
-    """A claimed job as the worker holds it: the row plus its fencing token."""
+    """A claimed job as the worker holds it: the row plus its fencing token.
+
+    The token is (`owner`, `version`): every later write about this attempt is
+    guarded by both, and the Lease carries them unchanged from CLAIM to that write.
+    """
 
     id: int
     task_path: str
@@ -437,10 +444,13 @@ class Lease:
     priority: int
     attempt: int
     max_attempts: int
-    version: int  # The fencing token.
+    version: int  # The fencing token's version: lease_version after this claim.
     idempotency_key: str | None
     enqueued_at: datetime
-    started_at: datetime
+    started_at: datetime  # The claim's database time.
+    owner: str  # The fencing token's owner: the claiming worker's id.
+    pickup_delay: float  # Seconds from when the job was due (enqueued or run_after) to now.
+    errors: list[dict[str, Any]] | None  # Entries of earlier attempts; None when none.
 
 
 @dataclass(frozen=True, slots=True)

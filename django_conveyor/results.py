@@ -1,15 +1,30 @@
-"""Turning `conveyor_job` rows into `django.tasks` results."""
+"""The one constructor of `ConveyorTaskResult`, and result ids.
+
+Enqueue, the worker and `get_result()` all build results through
+`task_result()`, so a result means the same wherever it comes from: one
+worker id per attempt that ran, one `TaskError` per failed attempt, the
+job's own `state` next to the django.tasks `status`.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from django.utils.module_loading import import_string
-
-from .compat import TASK_REFRESH_ATTRS, Task, TaskError, TaskResult, TaskResultDoesNotExist
+from .compat import (
+    TASK_REFRESH_ATTRS,
+    Task,
+    TaskError,
+    TaskResult,
+    TaskResultDoesNotExist,
+    TaskResultStatus,
+)
 from .conf import conveyor_settings
+from .exceptions import UnknownTask
 from .states import TASK_STATUS, JobState
+from .tasks import resolve_task
 
 if TYPE_CHECKING:
     from .models import Job
@@ -20,6 +35,12 @@ class ConveyorTaskResult(TaskResult):
     created: bool = True  # False when an idempotency key returned an existing job.
     state: str = JobState.AVAILABLE  # The job's own state, finer than `status`.
 
+    def __post_init__(self) -> None:
+        # No normalising copy of args and kwargs: every result is built by
+        # task_result() from JSON values (a jsonb column, or enqueue's JSON
+        # round trip), and the worker builds two per attempt.
+        pass
+
     def refresh(self) -> None:
         """Reload from the database, including the finer `state`."""
         self._copy_from(self.task.get_backend().get_result(self.id))
@@ -28,6 +49,7 @@ class ConveyorTaskResult(TaskResult):
         self._copy_from(await self.task.get_backend().aget_result(self.id))
 
     def _copy_from(self, fresh: TaskResult) -> None:
+        # refresh() updates this very object (the django.tasks contract), frozen or not.
         for attr in (*TASK_REFRESH_ATTRS, "state"):
             object.__setattr__(self, attr, getattr(fresh, attr))
 
@@ -45,7 +67,9 @@ def parse_result_id(value: str) -> tuple[str, int]:
         raise TaskResultDoesNotExist(f"No job has the id {value!r}.") from None
 
 
-def worker_ids(errors: list[dict[str, Any]], state: str, lease_owner: str | None) -> list[str]:
+def worker_ids(
+    errors: Sequence[Mapping[str, Any]], state: str, lease_owner: str | None
+) -> list[str]:
     """One worker id per attempt that ran, as django.tasks counts attempts.
 
     Every failed or lost attempt left an error entry naming its worker; the
@@ -57,44 +81,90 @@ def worker_ids(errors: list[dict[str, Any]], state: str, lease_owner: str | None
     return ids
 
 
-def resolve_task(task_path: str) -> Task:
-    try:
-        obj = import_string(task_path)
-    except ImportError as exc:
-        raise TaskResultDoesNotExist(
-            f"The job's task {task_path!r} cannot be imported: {exc}."
-        ) from exc
-    if not isinstance(obj, Task):
-        raise TaskResultDoesNotExist(f"{task_path!r} is not a task (decorate it with @task).")
-    return obj
+def task_error(entry: Mapping[str, Any]) -> TaskError:
+    """A django.tasks TaskError from one entry of a job's `errors`."""
+    return TaskError(
+        exception_class_path=entry.get("exception_class_path", "builtins.Exception"),
+        traceback=entry.get("traceback", ""),
+    )
 
 
-def result_from_job(
-    job: Job, task: Task | None = None, *, created: bool = True, database: str | None = None
+def task_result(
+    task: Task,
+    *,
+    database: str,
+    job_id: int,
+    state: str,
+    args: list[Any],
+    kwargs: dict[str, Any],
+    backend: str,
+    enqueued_at: datetime | None,
+    started_at: datetime | None = None,
+    finished_at: datetime | None = None,
+    errors: Sequence[Mapping[str, Any]] = (),
+    lease_owner: str | None = None,
+    return_value: Any = None,
+    created: bool = True,
 ) -> ConveyorTaskResult:
-    task = task or resolve_task(job.task_path)
+    """The result of a job in `state`, from its row's values."""
     result = ConveyorTaskResult(
         task=task,
-        id=result_id(database or job._state.db or conveyor_settings().DATABASE, job.id),
-        status=TASK_STATUS[JobState(job.state)],
-        enqueued_at=job.enqueued_at,
-        started_at=job.started_at,
-        finished_at=job.finished_at,
-        last_attempted_at=job.started_at,
+        id=result_id(database, job_id),
+        status=TASK_STATUS[JobState(state)],
+        enqueued_at=enqueued_at,
+        started_at=started_at,
+        finished_at=finished_at,
+        last_attempted_at=started_at,
+        args=args,
+        kwargs=kwargs,
+        backend=backend,
+        errors=[task_error(e) for e in errors],
+        worker_ids=worker_ids(errors, state, lease_owner),
+        created=created,
+        state=state,
+    )
+    return _with_return_value(result, return_value)
+
+
+def finished(
+    result: ConveyorTaskResult,
+    *,
+    status: TaskResultStatus,
+    return_value: Any = None,
+    error: Mapping[str, Any] | None = None,
+) -> ConveyorTaskResult:
+    """`result` after its attempt ended: a new value with the attempt's status and error."""
+    errors = [*result.errors, task_error(error)] if error else result.errors
+    return _with_return_value(replace(result, status=status, errors=errors), return_value)
+
+
+def _with_return_value(result: ConveyorTaskResult, value: Any) -> ConveyorTaskResult:
+    # django.tasks declares _return_value with init=False: no constructor or
+    # replace() can set it, so it is set here, once, on a result not yet shared.
+    if result.status == TaskResultStatus.SUCCESSFUL:
+        object.__setattr__(result, "_return_value", value)
+    return result
+
+
+def result_from_job(job: Job, *, database: str, created: bool = True) -> ConveyorTaskResult:
+    """The result of a `conveyor_job` row read from `database`."""
+    try:
+        task = resolve_task(job.task_path)
+    except UnknownTask as exc:
+        raise TaskResultDoesNotExist(str(exc)) from exc
+    return task_result(
+        task,
+        database=database,
+        job_id=job.id,
+        state=job.state,
         args=job.args,
         kwargs=job.kwargs,
         backend=job.backend,
-        errors=[
-            TaskError(
-                exception_class_path=e.get("exception_class_path", "builtins.Exception"),
-                traceback=e.get("traceback", ""),
-            )
-            for e in job.errors
-        ],
-        worker_ids=worker_ids(job.errors, job.state, job.lease_owner),
+        enqueued_at=job.enqueued_at,
+        started_at=job.started_at,
+        finished_at=job.finished_at,
+        errors=job.errors,
+        lease_owner=job.lease_owner,
+        return_value=job.return_value,
         created=created,
-        state=job.state,
     )
-    if job.state == JobState.COMPLETED:
-        object.__setattr__(result, "_return_value", job.return_value)
-    return result

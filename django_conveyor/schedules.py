@@ -19,13 +19,13 @@ from typing import Any
 
 from django.core import checks
 from django.db import connections, transaction
-from django.utils.module_loading import import_string
 
 from . import cronexpr, protocol
 from .compat import TASK_MAX_PRIORITY, TASK_MIN_PRIORITY, Task, task_backends
 from .conf import conveyor_settings, raw_settings
-from .exceptions import ArgumentsNotSerializable, ConveyorError
+from .exceptions import ArgumentsNotSerializable, ConveyorError, UnknownTask
 from .serialization import json_round_trip
+from .tasks import resolve_task, task_or_none
 
 FIELDS = ("schedule", "task", "timezone", "args", "kwargs", "queue", "priority", "missed")
 REQUIRED = ("schedule", "task")
@@ -85,11 +85,9 @@ def _task(path: Any) -> tuple[Task | None, str | None]:
     if not isinstance(path, str) or not path:
         return None, f"{path!r} is not a dotted path to a task."
     try:
-        obj = import_string(path)
-    except Exception as exc:
-        return None, f"{path!r} does not import: {type(exc).__name__}: {exc}."
-    if not isinstance(obj, Task):
-        return None, f"{path!r} is not a task (decorate it with @task)."
+        obj = resolve_task(path)
+    except UnknownTask as exc:
+        return None, str(exc)
     from .backend import ConveyorBackend
 
     backend = task_backends[obj.backend]
@@ -343,8 +341,6 @@ def set_enabled(name: str, enabled: bool, *, database: str | None = None) -> boo
 
 def tick_job(row: Any) -> protocol.NewJob:
     """The job a tick of this schedule enqueues (the task gives attempts and backend)."""
-    from .executor import task_or_none
-
     task = task_or_none(row.task_path)
     return protocol.NewJob(
         task_path=row.task_path,

@@ -1,7 +1,7 @@
 """The handler slots of one worker process: threads that only run handlers.
 
 The control loop hands claimed jobs to the pool; each slot takes one, runs it
-through the executor and posts the outcome back. The pool also measures how
+through the executor and reports the outcome back. The pool also measures how
 long handlers take, which sizes the worker's claim-ahead buffer.
 """
 
@@ -11,33 +11,21 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from django.db import connections
 
 from . import executor
-from .context import LeaseState
-from .executor import Outcome
-from .protocol import Lease
+from .leases import HeldLease
+from .outcomes import Outcome
 
 DURATION_SMOOTHING = 0.1  # Weight of the newest duration in the moving average.
-
-
-@dataclass(slots=True)
-class Held:
-    """A lease the worker holds, buffered or running."""
-
-    lease: Lease
-    state: LeaseState
-    started_at: float | None = None  # monotonic; None while buffered.
-    timeout: float | None = None
 
 
 class SlotPool:
     def __init__(self, size: int, on_outcome: Callable[[Outcome], None]) -> None:
         self.size = size
         self.on_outcome = on_outcome
-        self.ready: queue.SimpleQueue[Held | None] = queue.SimpleQueue()
+        self.ready: queue.SimpleQueue[HeldLease | None] = queue.SimpleQueue()
         self.busy_lock = threading.Lock()
         self.busy = 0
         self.avg_duration: float | None = None  # Seconds, a moving average.
@@ -55,7 +43,7 @@ class SlotPool:
         for _ in self.threads:
             self.ready.put(None)
 
-    def submit(self, held: Held) -> None:
+    def submit(self, held: HeldLease) -> None:
         self.ready.put(held)
 
     def waiting(self) -> int:
@@ -65,7 +53,7 @@ class SlotPool:
         with self.busy_lock:
             return self.busy
 
-    def take_waiting(self) -> list[Held]:
+    def take_waiting(self) -> list[HeldLease]:
         """Remove and return every job that no slot has started."""
         taken = []
         while True:
@@ -84,18 +72,18 @@ class SlotPool:
             if held is None:
                 connections.close_all()  # This thread's handler connections.
                 return
-            if held.state.lost.is_set():
+            if held.lost:
                 continue  # Handed back before it started.
             with self.busy_lock:
                 self.busy += 1
-            held.timeout = executor.task_timeout(held.lease.task_path)
-            held.started_at = time.monotonic()
+            held.started_at = time.monotonic()  # The executor sets held.timeout.
             try:
-                outcome = executor.execute(held.lease, held.state)
+                outcome = executor.execute(held)
             finally:
+                held.finished_at = time.monotonic()
                 with self.busy_lock:
                     self.busy -= 1
-            self.observe(time.monotonic() - held.started_at)
+            self.observe(held.finished_at - held.started_at)
             self.on_outcome(outcome)
 
     def observe(self, seconds: float) -> None:

@@ -18,9 +18,10 @@ from types import FrameType
 
 from django.db import connections
 
+from .backoff import RESTART_SECONDS, Ladder
+
 logger = logging.getLogger("django_conveyor.supervisor")
 
-RESTART_DELAYS_SECONDS = (0.0, 0.5, 1.0, 2.0, 5.0, 10.0)
 HEALTHY_AFTER_SECONDS = 30.0
 
 
@@ -30,7 +31,7 @@ class Supervisor:
         self.run_child = run_child
         self.burst = burst
         self.children: dict[int, tuple[int, float]] = {}  # pid -> (slot, started)
-        self.failures: dict[int, int] = {}
+        self.restarts: dict[int, Ladder] = {}  # slot -> its restart delays
         self.stopping = False
         self.signals_seen = 0
         self.exit_code = 0
@@ -82,10 +83,12 @@ class Supervisor:
                 self.exit_code = self.exit_code or 1
             logger.info("worker process %d exited with %d", pid, code)
             return
-        ran_for = time.monotonic() - started
-        failures = 0 if ran_for > HEALTHY_AFTER_SECONDS else self.failures.get(slot, 0) + 1
-        self.failures[slot] = failures
-        delay = RESTART_DELAYS_SECONDS[min(failures, len(RESTART_DELAYS_SECONDS) - 1)]
+        restarts = self.restarts.setdefault(slot, Ladder(RESTART_SECONDS))
+        if time.monotonic() - started > HEALTHY_AFTER_SECONDS:
+            restarts.reset()  # A healthy child is replaced at once.
+            delay = 0.0
+        else:
+            delay = restarts.next_delay()
         logger.warning("worker process %d died (exit %d); restarting in %.1fs", pid, code, delay)
         time.sleep(delay)
         if not self.stopping:

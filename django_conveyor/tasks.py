@@ -1,4 +1,4 @@
-"""The backend's Task class and a `task` decorator that carries its options.
+"""The backend's Task class, a `task` decorator that carries its options, the resolver.
 
 `ConveyorTask` adds per-task `max_attempts`, `timeout`, backoff bounds and a
 per-call `idempotency_key` to the standard Task. The decorator works on
@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from django.utils.module_loading import autodiscover_modules
+from django.utils.module_loading import autodiscover_modules, import_string
 
 from .compat import (
     DEFAULT_TASK_BACKEND_ALIAS,
@@ -22,6 +22,7 @@ from .compat import (
     Task,
     task_backends,
 )
+from .exceptions import UnknownTask
 
 if TYPE_CHECKING:
     from .results import ConveyorTaskResult
@@ -119,3 +120,23 @@ def task(
         )
 
     return wrapper(function) if function else wrapper
+
+
+@functools.lru_cache(maxsize=1024)
+def resolve_task(task_path: str) -> Task:
+    """The task a job names (its `task_path`), for the worker and `get_result()` alike."""
+    try:
+        obj = import_string(task_path)
+    except Exception as exc:  # ImportError, or whatever the module raised as it loaded.
+        raise UnknownTask(f"{task_path!r} does not import: {type(exc).__name__}: {exc}.") from exc
+    if not isinstance(obj, Task):
+        raise UnknownTask(f"{task_path!r} is not a task (decorate it with @task).")
+    return obj
+
+
+def task_or_none(task_path: str) -> Task | None:
+    """The task, or None when the path does not resolve (the executor reports why)."""
+    try:
+        return resolve_task(task_path)
+    except UnknownTask:
+        return None

@@ -59,7 +59,7 @@ class JobFactory(factory.django.DjangoModelFactory):
         failed = factory.Trait(
             state="failed",
             attempt=1,
-            lease_owner="worker-a",
+            lease_owner=None,  # FAIL clears the owner; the error entry names the worker.
             lease_version=1,
             finished_at=factory.LazyFunction(timezone.now),
             errors=factory.LazyFunction(
@@ -78,7 +78,7 @@ class JobFactory(factory.django.DjangoModelFactory):
         dead = factory.Trait(
             state="dead",
             attempt=3,
-            lease_owner="worker-a",
+            lease_owner=None,  # RETRY and REAP to dead clear the owner.
             lease_version=3,
             finished_at=factory.LazyFunction(timezone.now),
             errors=factory.LazyFunction(

@@ -17,17 +17,17 @@ import psycopg
 from django.db import connection, connections
 from psycopg.conninfo import make_conninfo
 
-from django_conveyor import executor
 from django_conveyor.conf import conveyor_settings
 from django_conveyor.dbconn import connection_params
 from django_conveyor.models import Job
+from django_conveyor.tasks import resolve_task
 from django_conveyor.worker import Worker, WorkerOptions
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 def clear_task_caches() -> None:
-    executor.import_task.cache_clear()
+    resolve_task.cache_clear()
     conveyor_settings.cache_clear()
 
 
@@ -48,8 +48,8 @@ def run_burst(**options: Any) -> Worker:
     options.setdefault("queues", ("default", "emails", "slow"))
     options.setdefault("burst", True)
     options.setdefault("listen", False)
+    options.setdefault("stop_signals", ())  # The test runner keeps its own handlers.
     worker = Worker(WorkerOptions(**options))
-    worker.install_signal_handlers = lambda: None  # type: ignore[method-assign]
     assert worker.run() == 0
     return worker
 

@@ -14,6 +14,7 @@ from django.test import override_settings
 
 from django_conveyor import apikeys
 from django_conveyor.api.checks import check_api_settings
+from django_conveyor.checks import check_settings
 from django_conveyor.models import ApiKey, Job
 from tests.factories import JobFactory
 from tests.helpers import REPO, worker_env
@@ -67,7 +68,8 @@ def test_create_refuses_bad_input(args, message):
 
 
 def errors() -> list[str]:
-    return [m.msg for m in check_api_settings() if m.level >= checks.ERROR]
+    found = [*check_settings(), *check_api_settings()]  # A bound is declared with its key.
+    return [m.msg for m in found if m.level >= checks.ERROR]
 
 
 def test_the_test_settings_pass():

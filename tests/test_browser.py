@@ -138,3 +138,40 @@ def test_the_job_page_shows_attempts_history_and_json(page, live_server):
     page.wait_for_url(url)
     assert "requeue" in page.inner_text("#conveyor-history")
     shot(page, "job-page")
+
+
+def test_cancel_a_running_job_of_a_real_worker_and_watch_it_end_cancelled(
+    page, live_server, tmp_path
+):
+    from tests.helpers import kill_group, start_worker, stop_process
+    from tests.testapp import tasks
+
+    job_id = int(tasks.cancellable.enqueue(120).id)
+    proc = start_worker("--queues", "default", log=tmp_path / "worker.log")
+    try:
+        wait_until(lambda: Job.objects.get(pk=job_id).state == "running")
+        page.goto(live_server.url + reverse("admin:conveyor_worker_changelist"))
+        assert page.locator(".conveyor-worker-live").count() == 1
+        shot(page, "workers")
+        url = live_server.url + reverse("admin:conveyor_job_change", args=[job_id])
+        page.goto(url)
+        assert "held by" in page.inner_text("body")
+        page.click("#conveyor-cancel")
+        assert "the worker holding it is asked to stop it" in page.inner_text("#conveyor-confirm")
+        page.click("#conveyor-confirm-yes")
+        page.wait_for_url(url)
+
+        def shows_cancelled():
+            page.reload()
+            return "cancelled" in page.inner_text(".field-state_label")
+
+        wait_until(shows_cancelled, timeout=30, interval=0.5)
+        job = Job.objects.get(pk=job_id)
+        assert (job.state, job.return_value) == ("cancelled", None)
+        assert "cancelled" in page.inner_text("#conveyor-attempts")
+        history = page.inner_text("#conveyor-history")
+        assert "request_cancel" in history and "cancel_held" in history
+        shot(page, "cancelled-job")
+        assert stop_process(proc) == 0
+    finally:
+        kill_group(proc)

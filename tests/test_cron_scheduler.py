@@ -1,12 +1,12 @@
 """The scheduler against PostgreSQL, driven by an explicit clock: run_once(cursor, now)."""
 
+import dataclasses
 import threading
 import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.db import connection, transaction
-from django.test import override_settings
 
 from django_conveyor import protocol, scheduler
 from django_conveyor.cronexpr import Schedule
@@ -339,13 +339,19 @@ def test_forward_and_backward_ticks_agree_across_dst():
             assert forward == timing.between(begin, end, limit=100_000), (zone, expression)
 
 
-def test_a_tick_postgresql_refuses_stops_its_schedule_not_the_pass():
-    bad = CronFactory(name="bad", created=T0)  # noop: CONVEYOR["MAX_ATTEMPTS"] attempts
+def test_a_tick_postgresql_refuses_stops_its_schedule_not_the_pass(monkeypatch):
+    bad = CronFactory(name="bad", created=T0)
     good = CronFactory(name="good", task_path="tests.testapp.tasks.nightly_report", created=T0)
+
+    def refused_for_bad(row):  # A job conveyor_job's CHECK refuses: max_attempts 0.
+        job = tick_job(row)
+        return dataclasses.replace(job, max_attempts=0) if row.name == "bad" else job
+
+    monkeypatch.setattr(scheduler, "tick_job", refused_for_bad)
     conn = connect("default")  # autocommit, as in a worker
     try:
-        with override_settings(CONVEYOR={"MAX_ATTEMPTS": 0}), conn.cursor() as cursor:
-            counts = scheduler.run_once(cursor, T0 + timedelta(minutes=1))  # CHECK refuses 0
+        with conn.cursor() as cursor:
+            counts = scheduler.run_once(cursor, T0 + timedelta(minutes=1))
     finally:
         conn.close()
     assert (counts.enqueued, counts.stopped) == (1, 1)

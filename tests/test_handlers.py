@@ -171,9 +171,10 @@ def test_lease_lost_is_told_to_the_handler_and_its_outcome_is_not_written():
     from django_conveyor.worker import Worker, WorkerOptions
 
     result = tasks.sleeper.enqueue(10)
-    worker = Worker(WorkerOptions(queues=("default",), listen=False, burst=True, concurrency=1))
-    worker.install_signal_handlers = lambda: None
-    worker.heartbeat_seconds = 0.1
+    worker = Worker(
+        WorkerOptions(queues=("default",), listen=False, burst=True, concurrency=1, stop_signals=())
+    )
+    worker.heartbeat.interval = 0.1
     thread = threading.Thread(target=worker.run)
     thread.start()
     wait_until(lambda: job(result).state == "running")

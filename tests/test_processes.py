@@ -159,9 +159,10 @@ def test_graceful_shutdown_hands_back_leases_at_once(procs, tmp_path):
 
 
 def test_shutdown_lets_in_flight_jobs_finish(procs, tmp_path):
-    result = tasks.slow_apply_once.enqueue("finish", 1.0)
+    result = tasks.started_then_sleeps.enqueue("finish", 1.0)
     proc = worker(procs, tmp_path, "w", "--shutdown-timeout", "20")
-    wait_until(lambda: Job.objects.get(pk=result.id).state == "running")
+    # Claimed is not yet started (a job still buffered is handed back): wait for its slot.
+    wait_until(lambda: Effect.objects.filter(label="finish").exists())
     assert stop_process(proc, signal.SIGINT) == 0
     assert Job.objects.get(pk=result.id).state == "completed"
 

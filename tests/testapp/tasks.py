@@ -110,6 +110,14 @@ def snooze_once(context, seconds):
     return context.attempt
 
 
+@task()
+def started_then_sleeps(label, seconds):
+    """Records that a slot started it (a plain write), then takes a while."""
+    Effect.objects.create(job_id=0, token=0, worker="", label=label)
+    time.sleep(seconds)
+    return label
+
+
 @task(takes_context=True)
 def sleeper(context, seconds):
     """Sleeps cooperatively: stops early once it learns the lease is gone."""
@@ -180,3 +188,32 @@ def nightly_report(full=False):
 
 
 not_a_task = "just a string"
+
+
+@task(takes_context=True, max_attempts=1)
+def cancellable(context, seconds):
+    """Works in small steps until told to stop; records what it was told."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and context.lease_held():
+        time.sleep(0.02)
+    Effect.objects.create(
+        job_id=context.job_id,
+        token=context.token,
+        worker=context.worker_id,
+        label=f"stopped held={context.lease_held()} cancel_requested={context.cancel_requested}",
+    )
+    return "ran to the end"
+
+
+@task(max_attempts=1)
+async def async_sleeper(label, seconds):
+    import asyncio
+
+    from asgiref.sync import sync_to_async
+
+    try:
+        await asyncio.sleep(seconds)
+    except asyncio.CancelledError:
+        await sync_to_async(Effect.objects.create)(job_id=0, token=0, worker="", label=label)
+        raise
+    return "slept"

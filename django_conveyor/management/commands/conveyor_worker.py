@@ -13,50 +13,15 @@ from django.core.management.base import BaseCommand, CommandError
 
 from django_conveyor.conf import conveyor_settings
 from django_conveyor.exceptions import ConveyorConfigurationError
+from django_conveyor.management.arguments import (
+    non_negative_seconds,
+    positive_int,
+    positive_seconds,
+    queue_list,
+    worker_id,
+)
 from django_conveyor.supervisor import Supervisor
 from django_conveyor.worker import Worker, WorkerOptions, worker_database
-
-MAX_WORKER_ID_LENGTH = 64
-
-
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be 1 or more, got {value}")
-    return value
-
-
-def non_negative_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if value < 0 or value != value:
-        raise argparse.ArgumentTypeError(f"must be zero or more seconds, got {text}")
-    return value
-
-
-def positive_seconds(text: str) -> float:
-    value = non_negative_seconds(text)
-    if value == 0:
-        raise argparse.ArgumentTypeError("must be more than zero seconds")
-    return value
-
-
-def queue_list(text: str) -> list[str]:
-    queues = [q.strip() for q in text.split(",") if q.strip()]
-    if not queues:
-        raise argparse.ArgumentTypeError("expected a comma-separated list of queue names")
-    return queues
-
-
-def worker_id(text: str) -> str:
-    if not text or len(text) > MAX_WORKER_ID_LENGTH:
-        raise argparse.ArgumentTypeError(f"must be 1 to {MAX_WORKER_ID_LENGTH} characters")
-    return text
 
 
 class Command(BaseCommand):

@@ -32,7 +32,7 @@ from django.utils import timezone
 
 from django_conveyor import apikeys, schedules
 from django_conveyor.conf import conveyor_settings
-from django_conveyor.management.commands.conveyor_worker import positive_seconds
+from django_conveyor.management.arguments import positive_seconds
 from django_conveyor.models import ApiKey, Job, LedgerEntry
 from django_conveyor.states import FINAL_STATES, JobState
 from shop.models import GatewayCharge, Order, Payment, StockReport

@@ -1,0 +1,104 @@
+"""What SIGTERM and SIGINT do to a worker process, and its graceful shutdown.
+
+The first signal stops the control loop (`Worker.stop`), which then drains:
+
+1. jobs claimed but not yet started are handed back at once;
+2. running handlers get up to the shutdown timeout to finish; their
+   outcomes are written and the heartbeat keeps their leases meanwhile;
+3. whatever still runs after that is handed back.
+
+A hand-back is a RELEASE outcome, written like any other (guarded by the
+token): the job is `available` again at once, and the attempt does not
+count. A job inside its `context.atomic()` keeps its row lock and is left
+to its block; a job whose block committed is completed, not handed back.
+
+A second signal exits at once with 128 + the signal number: nothing is
+handed back, the leases expire and are reaped. Under `--processes`, the
+supervisor (supervisor.py) turns each signal it receives into one SIGTERM
+per child.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from types import FrameType
+from typing import TYPE_CHECKING
+
+import psycopg
+
+from .leases import HeldLease
+from .logs import log_job
+from .outcomes import RELEASE, Outcome
+from .services import Now
+
+if TYPE_CHECKING:
+    from .worker import Worker
+
+logger = logging.getLogger("django_conveyor.worker")
+
+DRAIN_PASS_SECONDS = 0.05  # How often the drain looks for finished handlers.
+DRAIN_RETRY_SECONDS = 0.2  # Pause after a database error while draining.
+
+
+class StopSignals:
+    """First signal: stop gracefully. Second: exit at once."""
+
+    def __init__(self, stop: Callable[[], None], signals: tuple[int, ...]) -> None:
+        self.stop = stop
+        self.signals = signals
+        self.seen = 0
+
+    def install(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return  # Signal handlers can only be set from the main thread.
+        for signum in self.signals:
+            signal.signal(signum, self.on_signal)
+
+    def on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self.seen += 1
+        name = signal.Signals(signum).name
+        if self.seen > 1:
+            # Leases we hold expire and are reaped.
+            os.write(2, f"conveyor worker: {name} again, exiting now\n".encode())
+            os._exit(128 + signum)
+        logger.info("%s received: finishing in-flight jobs", name)
+        self.stop()
+
+
+def drain(worker: Worker) -> None:
+    """Hand back what has not started, wait for the rest, hand back leftovers."""
+    hand_back(worker, worker.slots.take_waiting(), reason="never started")
+    deadline = time.monotonic() + worker.config.shutdown_timeout
+    while worker.leases.held and time.monotonic() < deadline:
+        try:
+            worker.schedule.run_due(worker.connection.get(), Now.read(), draining=True)
+            worker.cycle(claim=False)
+        except psycopg.Error as exc:
+            logger.warning("database unavailable during shutdown (%s)", exc)
+            worker.connection.drop()
+            time.sleep(DRAIN_RETRY_SECONDS)
+        worker.wake.wait(DRAIN_PASS_SECONDS)
+        worker.wake.clear()
+    hand_back(worker, list(worker.leases.held.values()), reason="shutdown timeout reached")
+
+
+def hand_back(worker: Worker, helds: list[HeldLease], *, reason: str) -> None:
+    """Write RELEASE for these leases now (with any other pending outcome)."""
+    worker.leases.collect()  # A handler that just finished keeps its own outcome.
+    for held in helds:
+        # A job inside its guarded block holds its row lock: handing it back
+        # would wait for the block. It commits, or rolls back and is reaped.
+        if held.in_atomic or held.completed_in_atomic:
+            continue
+        if worker.leases.give_up(held, Outcome(RELEASE, held), f"handed back: {reason}"):
+            log_job(logger, logging.INFO, held.lease, "lease handed back (%s)", reason)
+    try:
+        worker.cycle(claim=False)
+    except psycopg.Error as exc:
+        worker.connection.drop()
+        logger.warning("could not hand back leases (%s): they will expire and be reaped", exc)

@@ -1,0 +1,328 @@
+"""Each maintenance service's run_once on its own, against the real database.
+
+The heartbeat, the reaper and the timeouts are driven directly with an
+explicit clock; the assertions are on the counts they return and on rows.
+Then the schedule that runs them, and the one outcome path they feed.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from dataclasses import dataclass, field
+
+import psycopg
+import pytest
+from django.utils import timezone
+
+from django_conveyor import outcomes, protocol
+from django_conveyor.claims import Claimer
+from django_conveyor.dbconn import connect
+from django_conveyor.heartbeat import Heartbeat, HeartbeatCounts, interval_for
+from django_conveyor.instrument import Instrument, Stats
+from django_conveyor.leases import HeldLease, Leases
+from django_conveyor.models import Job
+from django_conveyor.outcomes import Outcome
+from django_conveyor.reaper import ReapCounts, Reaper
+from django_conveyor.services import Now, Schedule
+from django_conveyor.timeouts import TimeoutCounts, Timeouts
+from tests.factories import JobFactory
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+OWNER = "worker-t"
+T0 = Now(monotonic=1000.0, utc=dt.datetime(2026, 3, 29, 1, 0, tzinfo=dt.UTC))
+
+
+@dataclass
+class Recorder(Instrument):
+    """An instrument that keeps every event it is told."""
+
+    events: list[tuple] = field(default_factory=list)
+
+    def claimed(self, leases):
+        self.events.append(("claimed", [lease.id for lease in leases]))
+
+    def outcome_written(self, kind, result, lease, duration):
+        self.events.append(("written", kind, result, lease.id, duration))
+
+    def outcome_refused(self, kind, lease):
+        self.events.append(("refused", kind, lease.id))
+
+    def lease_lost(self, lease, reason):
+        self.events.append(("lost", lease.id, reason))
+
+
+@pytest.fixture
+def conn():
+    with connect("default") as connection:
+        yield connection
+
+
+@pytest.fixture
+def recorder():
+    return Recorder()
+
+
+@pytest.fixture
+def leases(recorder):
+    return Leases(OWNER, "default", Stats(), recorder)
+
+
+def claim(conn, leases, n=10) -> list[HeldLease]:
+    with conn.cursor() as cur:
+        claimed = protocol.claim(cur, owner=OWNER, queues=["default"], limit=n, lease_seconds=30)
+    return leases.take(claimed)
+
+
+def row(held: HeldLease) -> Job:
+    return Job.objects.get(pk=held.lease.id)
+
+
+def cycle(conn, leases) -> None:
+    """What the worker's cycle does with the outcomes (without claiming)."""
+    leases.collect()
+    with conn.transaction(), conn.cursor() as cur:
+        written = leases.write(cur)
+    leases.settle(written)
+
+
+class TestHeartbeat:
+    def test_renews_every_held_lease_and_counts_them(self, conn, leases):
+        JobFactory.create_batch(3)
+        held = claim(conn, leases)
+        Job.objects.update(lease_expires_at=timezone.now() + dt.timedelta(seconds=5))
+        beat = Heartbeat(leases, lease_seconds=120)
+        with conn.cursor() as cur:
+            assert beat.run_once(cur, T0) == HeartbeatCounts(renewed=3, leases_lost=0)
+        soon = timezone.now() + dt.timedelta(seconds=100)
+        assert all(row(h).lease_expires_at > soon for h in held)
+        assert set(leases.held) == {h.lease.id for h in held}
+
+    def test_a_lease_taken_by_another_token_is_lost_and_told(self, conn, leases, recorder):
+        JobFactory.create_batch(2)
+        mine, taken = claim(conn, leases)
+        Job.objects.filter(pk=taken.lease.id).update(lease_version=99, lease_owner="worker-z")
+        with conn.cursor() as cur:
+            counts = Heartbeat(leases, lease_seconds=30).run_once(cur, T0)
+        assert counts == HeartbeatCounts(renewed=1, leases_lost=1)
+        assert set(leases.held) == {mine.lease.id}
+        assert taken.lost and not mine.lost
+        assert recorder.events[-1] == ("lost", taken.lease.id, "heartbeat found the lease gone")
+
+    def test_a_job_in_its_guarded_block_is_not_lost(self, conn, leases):
+        JobFactory()
+        [held] = claim(conn, leases)
+        held.in_atomic = True
+        with connect("default") as other, other.transaction():  # The handler's row lock.
+            other.execute("SELECT 1 FROM conveyor_job WHERE id = %s FOR UPDATE", [held.lease.id])
+            with conn.cursor() as cur:
+                counts = Heartbeat(leases, lease_seconds=30).run_once(cur, T0)
+        assert counts == HeartbeatCounts(renewed=0, leases_lost=0)
+        assert leases.held == {held.lease.id: held}
+
+    def test_nothing_held_sends_nothing(self, leases):
+        assert Heartbeat(leases, lease_seconds=30).run_once(None, T0) == HeartbeatCounts()
+
+    def test_beats_at_most_every_third_of_the_lease(self):
+        assert interval_for(30.0, 10.0) == 10.0
+        assert interval_for(6.0, 10.0) == 2.0
+
+
+class TestReaper:
+    def test_takes_back_expired_leases_and_counts_the_dead(self, conn):
+        alive = JobFactory(running=True)
+        expired = JobFactory.create_batch(2, expired=True, max_attempts=3)
+        used_up = JobFactory(expired=True, attempt=3, max_attempts=3)
+        with conn.cursor() as cur:
+            assert Reaper().run_once(cur, T0) == ReapCounts(reaped=3, reaped_dead=1)
+        states = dict(Job.objects.values_list("id", "state"))
+        assert states == {
+            alive.id: "running",
+            expired[0].id: "available",
+            expired[1].id: "available",
+            used_up.id: "dead",
+        }
+
+    def test_one_pass_takes_at_most_its_batch(self, conn):
+        JobFactory.create_batch(5, expired=True)
+        reaper = Reaper(batch=2)
+        with conn.cursor() as cur:
+            assert reaper.run_once(cur, T0) == ReapCounts(reaped=2)
+            assert reaper.run_once(cur, T0) == ReapCounts(reaped=2)
+            assert reaper.run_once(cur, T0) == ReapCounts(reaped=1)
+            assert reaper.run_once(cur, T0) == ReapCounts()
+
+    def test_logs_each_job_it_takes_back(self, conn, caplog):
+        job = JobFactory(expired=True)
+        with caplog.at_level(logging.WARNING), conn.cursor() as cur:
+            Reaper().run_once(cur, T0)
+        assert f"job={job.id} " in caplog.text
+        assert "reaped from worker worker-a: lease expired -> available" in caplog.text
+
+
+class TestTimeouts:
+    def started(self, held: HeldLease, at: float, timeout: float | None) -> None:
+        held.started_at, held.timeout = at, timeout
+
+    def test_an_attempt_past_its_timeout_becomes_a_retry_outcome(self, conn, leases):
+        JobFactory.create_batch(4, max_attempts=3)
+        late, on_time, no_timeout, _buffered = claim(conn, leases)
+        self.started(late, T0.monotonic - 5.0, 2.0)
+        self.started(on_time, T0.monotonic - 1.0, 2.0)
+        self.started(no_timeout, T0.monotonic - 500.0, None)
+        assert Timeouts(leases).run_once(None, T0) == TimeoutCounts(timed_out=1)
+        assert late.lost and late.lost_reason == "timed out after 2s"
+        assert late.lease.id not in leases.held
+        [outcome] = leases.pending.values()
+        assert (outcome.kind, outcome.held) == (outcomes.RETRY, late)
+        assert outcome.error["exception_class_path"] == "builtins.TimeoutError"
+        assert row(late).state == "running"  # Nothing written yet: that is the cycle's job.
+        cycle(conn, leases)
+        after = row(late)
+        assert (after.state, after.attempt, after.lease_owner) == ("available", 1, None)
+        assert after.errors[0]["exception_class_path"] == "builtins.TimeoutError"
+        assert "past its timeout of 2 seconds" in after.errors[0]["traceback"]
+        assert leases.stats.counts["retried"] == 1
+
+    def test_the_last_attempt_timing_out_is_dead(self, conn, leases):
+        JobFactory(max_attempts=1)
+        [held] = claim(conn, leases)
+        self.started(held, T0.monotonic - 3.0, 1.0)
+        assert Timeouts(leases).run_once(None, T0) == TimeoutCounts(timed_out=1)
+        cycle(conn, leases)
+        assert row(held).state == "dead"
+        assert leases.stats.counts["dead"] == 1
+
+    def test_an_attempt_in_its_guarded_block_or_finished_is_left_alone(self, conn, leases):
+        JobFactory.create_batch(3)
+        in_block, committed, returned = claim(conn, leases)
+        for held in (in_block, committed, returned):
+            self.started(held, T0.monotonic - 10.0, 1.0)
+        in_block.in_atomic = True
+        committed.completed_in_atomic = True
+        returned.finished_at = T0.monotonic - 0.5  # Its outcome is on its way.
+        assert Timeouts(leases).run_once(None, T0) == TimeoutCounts(timed_out=0)
+        assert leases.pending == {}
+
+    def test_the_handlers_own_late_outcome_is_stale(self, conn, leases, recorder):
+        JobFactory()
+        [held] = claim(conn, leases)
+        self.started(held, T0.monotonic - 3.0, 1.0)
+        Timeouts(leases).run_once(None, T0)
+        leases.report(Outcome(outcomes.COMPLETE, held, return_value=1))
+        cycle(conn, leases)
+        assert row(held).state == "available"
+        assert ("refused", outcomes.COMPLETE, held.lease.id) in recorder.events
+        assert leases.stats.counts["stale_outcomes"] == 1
+
+
+class TestOutcomePath:
+    def test_each_kind_is_written_once_fenced_and_reported(self, conn, leases, recorder):
+        JobFactory.create_batch(5)
+        done, failed, snoozed, handed_back, stale = claim(conn, leases)
+        Job.objects.filter(pk=stale.lease.id).update(lease_version=50)
+        for held in (done, failed, snoozed, stale):
+            held.started_at, held.finished_at = 10.0, 10.25
+        leases.report(Outcome(outcomes.COMPLETE, done, return_value={"ok": 1}))
+        leases.report(Outcome(outcomes.FAIL, failed, error={"exception_class_path": "x.Y"}))
+        leases.report(Outcome(outcomes.SNOOZE, snoozed, delay=60))
+        leases.report(Outcome(outcomes.COMPLETE, stale, return_value=2))
+        leases.collect()
+        assert leases.give_up(handed_back, Outcome(outcomes.RELEASE, handed_back), "test")
+        assert not leases.give_up(done, Outcome(outcomes.RELEASE, done), "test")  # Has one.
+        cycle(conn, leases)
+        states = {h.lease.id: row(h).state for h in (done, failed, snoozed, handed_back, stale)}
+        assert list(states.values()) == ["completed", "failed", "available", "available", "running"]
+        assert row(handed_back).attempt == 0  # A hand-back gives the attempt back.
+        assert dict(leases.stats.counts) == {
+            "claimed": 5,
+            "completed": 1,
+            "failed": 1,
+            "snoozed": 1,
+            "released": 1,
+            "stale_outcomes": 1,
+        }
+        written = [e for e in recorder.events if e[0] == "written"]
+        assert ("written", outcomes.COMPLETE, "completed", done.lease.id, 0.25) in written
+        assert ("written", outcomes.RELEASE, "released", handed_back.lease.id, None) in written
+        assert ("refused", outcomes.COMPLETE, stale.lease.id) in recorder.events
+        assert leases.idle()
+
+    def test_the_lease_carries_the_token_from_the_claim(self, conn, leases):
+        job = JobFactory(lease_version=4)
+        [held] = claim(conn, leases)
+        assert (held.lease.owner, held.lease.version) == (OWNER, 5)
+        assert held.lease.errors is None  # A first attempt: nothing before it.
+        assert 0 <= held.lease.pickup_delay < 60
+        assert held.lease.id == job.id
+
+
+class TestClaimer:
+    def claimer(self, prefetch=None):
+        return Claimer(
+            owner=OWNER, queues=["default"], concurrency=4, lease_seconds=30, prefetch=prefetch
+        )
+
+    def test_the_buffer_adapts_to_job_length(self):
+        claimer = self.claimer()
+        assert claimer.prefetch(None) == 4  # Nothing has run yet: the concurrency.
+        assert claimer.prefetch(0.001) == 80  # 20 ms of work per slot.
+        assert claimer.prefetch(1e-9) == 256  # Capped.
+        assert claimer.prefetch(5.0) == 0  # Long jobs are not hoarded.
+
+    def test_a_fixed_buffer_and_the_room_left(self):
+        claimer = self.claimer(prefetch=2)
+        assert claimer.room(running=1, waiting=0, avg_duration=0.001) == 5
+        assert claimer.room(running=4, waiting=2, avg_duration=0.001) == 0
+        assert claimer.plan(running=4, waiting=2, avg_duration=0.001) == []
+        [step] = claimer.plan(running=0, waiting=0, avg_duration=None)
+        assert (step.statement, step.limit) == (protocol.claim, 6)
+
+
+class TestSchedule:
+    def test_runs_what_is_due_adds_counts_and_carries_on_after_a_failure(self, conn, caplog):
+        calls = []
+
+        class Broken:
+            name, interval, while_draining = "broken", 5.0, False
+
+            def run_once(self, cursor, now):
+                calls.append(("broken", now.monotonic))
+                raise ValueError("boom")
+
+        class Counting:
+            name, interval, while_draining = "counting", 0.0, True
+
+            def run_once(self, cursor, now):
+                calls.append(("counting", now.monotonic))
+                return ReapCounts(reaped=2)
+
+        stats = Stats()
+        schedule = Schedule([Broken(), Counting()], stats)
+        with caplog.at_level(logging.ERROR):
+            schedule.run_due(conn, T0)
+        assert "broken failed; it runs again in 5.0s" in caplog.text
+        assert stats.counts["reaped"] == 2
+        assert schedule.earliest_due() == T0.monotonic + 5.0
+        schedule.run_due(conn, T0._replace(monotonic=T0.monotonic + 1))  # broken not due
+        schedule.run_due(conn, T0._replace(monotonic=T0.monotonic + 6), draining=True)
+        assert calls == [
+            ("broken", 1000.0),
+            ("counting", 1000.0),
+            ("counting", 1001.0),
+            ("counting", 1006.0),  # While draining, only services that keep running.
+        ]
+        assert stats.counts["reaped"] == 6
+
+    def test_a_lost_connection_goes_up_to_the_loop(self, conn):
+        class Disconnected:
+            name, interval, while_draining = "disconnected", 1.0, False
+
+            def run_once(self, cursor, now):
+                raise psycopg.OperationalError("server closed the connection")
+
+        schedule = Schedule([Disconnected()], Stats())
+        with pytest.raises(psycopg.OperationalError):
+            schedule.run_due(conn, T0)
+        assert schedule.earliest_due() == 0.0  # Runs first thing after the reconnect.
