@@ -28,7 +28,7 @@
  *
  * Properties (pan -N name): safety (all invariants at once),
  * lease_exclusive, fenced_writes, effect_once, lock_held, crash_contained,
- * dependents_wait, counter_exact, cascade_cause, cancel_honoured,
+ * dependents_wait, unblock_fenced, counter_exact, cascade_cause, cancel_honoured,
  * one_job_per_tick; liveness all_final, every_tick.
  *
  * Mutations (spec/mutations.toml) edit the macros below in a copy of this
@@ -224,6 +224,9 @@ byte h_double = 0;              /* claims granted while another lease was live *
 byte h_early = 0;               /* dependents unblocked before their dependencies */
 byte h_cancelled_effect = 0;    /* guarded effects committed after a cancel request */
 byte h_rerun = 0;               /* claims of a job with a cancel request */
+byte h_iso_claim = 0;           /* isolated jobs taken by CLAIM */
+byte h_unfenced = 0;            /* dependents unblocked other than by a holder's COMPLETE */
+bool g_fenced = false;          /* this COMPLETE landed for the lease holder */
 
 /* ---------------- the workers' beliefs --------------------------------- */
 byte v_job[NK] = NOJOB;
@@ -232,6 +235,7 @@ byte v_gid[NK];
 byte v_phase[NK];
 bool v_told[NK];                /* HEARTBEAT reported a cancel request */
 bool v_iso[NK];                 /* taken by CLAIM_ISOLATED */
+bool g_was_iso[NK];             /* ghost: the row was isolated when claimed */
 bool frozen[NW];
 bool forever[NW];               /* frozen and never continued */
 
@@ -329,9 +333,14 @@ byte cron_jobs[MAX_TICK + 1];   /* jobs inserted per tick */
                    (locked[v_job[k]] == v_gid[k] && holder[v_job[k]] == v_gid[k]))
 #define LOCK_OK (LOCK_K(0) && LOCK_K(1) && LOCK_K(2))
 
-#define CRASH_OK (lost_to[0] <= 1 && lost_to[1] <= 1 && lost_to[2] <= 1 && lost_to[3] <= 1)
+/* no isolated job taken by CLAIM; worker 0 (two slots) never holds two jobs
+ * that were isolated when claimed; no job loses two attempts to a crasher */
+#define CRASH_OK (h_iso_claim == 0 && \
+                  !(v_job[0] != NOJOB && v_job[1] != NOJOB && g_was_iso[0] && g_was_iso[1]) && \
+                  lost_to[0] <= 1 && lost_to[1] <= 1 && lost_to[2] <= 1 && lost_to[3] <= 1)
 
 #define WAIT_OK (h_early == 0)
+#define UNBLOCK_OK (h_unfenced == 0)
 #define COUNT_J(x) (jstate[x] != BLOCKED || pending[x] == UNSAT_COUNT(x))
 #define COUNT_OK (COUNT_J(0) && COUNT_J(1) && COUNT_J(2) && COUNT_J(3))
 #define NODOOM_D(x, d) (!DEP(x, d) || !DOOMED(jstate[d]))
@@ -372,7 +381,8 @@ inline end_lease(k, j) {
 }
 
 inline clear_slot(k) {
-  v_job[k] = NOJOB; v_tok[k] = 0; v_gid[k] = 0; v_phase[k] = 0; v_told[k] = false; v_iso[k] = false
+  v_job[k] = NOJOB; v_tok[k] = 0; v_gid[k] = 0; v_phase[k] = 0; v_told[k] = false; v_iso[k] = false;
+  g_was_iso[k] = false
 }
 
 /* slot k forgets its attempt.  Worker 0's two slots are interchangeable, so
@@ -382,6 +392,7 @@ inline forget(k) {
   :: k == 0 ->
        v_job[0] = v_job[1]; v_tok[0] = v_tok[1]; v_gid[0] = v_gid[1];
        v_phase[0] = v_phase[1]; v_told[0] = v_told[1]; v_iso[0] = v_iso[1];
+       g_was_iso[0] = g_was_iso[1];
        clear_slot(1)
   :: else -> clear_slot(k)
   fi
@@ -404,7 +415,9 @@ inline unblock(j) {
        :: jstate[x] == BLOCKED && DEP(x, j) ->
             DECREMENT(x);
             if
-            :: pending[x] == 0 -> jstate[x] = AVAILABLE; check_wait(x)
+            :: pending[x] == 0 ->
+                 jstate[x] = AVAILABLE; check_wait(x);
+                 if :: !(jstate[j] == COMPLETED && g_fenced) -> h_unfenced++ :: else -> skip fi
             :: else -> skip
             fi
        :: else -> skip
@@ -519,10 +532,11 @@ inline requeue(j) {
 inline claimed(w, k, j, iso) {
   if :: live[j] != 0 -> h_double++ :: else -> skip fi;
   if :: cancel_req[j] -> h_rerun++ :: else -> skip fi;
+  if :: isolated[j] && !iso -> h_iso_claim++ :: else -> skip fi;
   jstate[j] = RUNNING; attempt[j]++; owner[j] = w; NEW_TOKEN(j); expired[j] = false;
   claims[j]++; holder[j] = claims[j]; live[j] = claims[j];
   v_job[k] = j; v_tok[k] = version[j]; v_gid[k] = claims[j];
-  v_phase[k] = START_PHASE; v_told[k] = false; v_iso[k] = iso;
+  v_phase[k] = START_PHASE; v_told[k] = false; v_iso[k] = iso; g_was_iso[k] = isolated[j];
   printf("CLAIM      worker %d slot %d job %d token %d\n", w, k, j, version[j])
 }
 
@@ -617,7 +631,9 @@ inline complete(w, k) {
   :: GUARD_COMPLETE(k, j) ->
        landed(k, j);
        if :: v_phase[k] == P_EFFECT && cancel_req[j] -> h_cancelled_effect++ :: else -> skip fi;
+       g_fenced = (holder[j] == v_gid[k]);
        settle(j, COMPLETED);
+       g_fenced = false;
        end_lease(k, j); completer[j] = v_gid[k]; isolated[j] = false;
        if
        :: v_phase[k] == P_EFFECT ->
@@ -940,14 +956,15 @@ T0: do \
     od \
 }
 
-INVARIANT(safety, LEASE_OK && FENCED && EFFECT_OK && LOCK_OK && CRASH_OK && WAIT_OK && COUNT_OK
-                  && WF_OK && CANCEL_OK && TICKS_OK)
+INVARIANT(safety, LEASE_OK && FENCED && EFFECT_OK && LOCK_OK && CRASH_OK && WAIT_OK && UNBLOCK_OK
+                  && COUNT_OK && WF_OK && CANCEL_OK && TICKS_OK)
 INVARIANT(lease_exclusive, LEASE_OK)
 INVARIANT(fenced_writes, FENCED)
 INVARIANT(effect_once, EFFECT_OK)
 INVARIANT(lock_held, LOCK_OK)
 INVARIANT(crash_contained, CRASH_OK)
 INVARIANT(dependents_wait, WAIT_OK)
+INVARIANT(unblock_fenced, UNBLOCK_OK)
 INVARIANT(counter_exact, COUNT_OK)
 INVARIANT(cascade_cause, WF_OK)
 INVARIANT(cancel_honoured, CANCEL_OK)

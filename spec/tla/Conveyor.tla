@@ -121,8 +121,10 @@ ghost  == <<claims, holder, liveGid, completer, lostTo, alarms>>
 cron   == <<now, nextTick, seen, expect, cronJobs>>
 vars   == <<row, held, frozen, ghost, left, cron>>
 
+\* iso: the worker took it by CLAIM_ISOLATED (its belief); wasIso: ghost, the
+\* row was isolated when it was claimed (what the statement really took).
 Attempt == [job : Jobs, tok : 0..MaxClaims, gid : 1..MaxClaims, phase : Phases,
-            told : BOOLEAN, iso : BOOLEAN]
+            told : BOOLEAN, iso : BOOLEAN, wasIso : BOOLEAN]
 
 TypeOK ==
     /\ jstate    \in [Jobs -> States]
@@ -320,7 +322,8 @@ ENQUEUE(j) ==
 \* The new attempt that a claim hands to worker w.
 NewAttempt(j, iso) ==
     [job |-> j, tok |-> version[j] + 1, gid |-> claims[j] + 1,
-     phase |-> IF Isolation THEN "claimed" ELSE "run", told |-> FALSE, iso |-> iso]
+     phase |-> IF Isolation THEN "claimed" ELSE "run", told |-> FALSE, iso |-> iso,
+     wasIso |-> isolated[j]]
 
 Claimed(w, j, iso) ==
     /\ jstate'  = [jstate EXCEPT ![j] = "running"]
@@ -333,9 +336,11 @@ Claimed(w, j, iso) ==
     /\ holder'  = [holder EXCEPT ![j] = claims[j] + 1]
     /\ liveGid' = [liveGid EXCEPT ![j] = claims[j] + 1]
     \* a second lease while another attempt's lease is still live; a job
-    \* that an operator asked to cancel running again
+    \* that an operator asked to cancel running again; an isolated job taken
+    \* by CLAIM, with batch-mates, instead of alone by CLAIM_ISOLATED
     /\ alarms'  = alarms \cup (IF liveGid[j] # 0 THEN Raise("double", "CLAIM", j) ELSE {})
                          \cup (IF cancelReq[j] THEN Raise("rerun", "CLAIM", j) ELSE {})
+                         \cup (IF isolated[j] /\ ~iso THEN Raise("isolated", "CLAIM", j) ELSE {})
     /\ UNCHANGED <<lockedBy, isolated, cancelReq, pending, cause, ledger, business,
                    frozen, completer, lostTo, left, cron>>
 
@@ -915,12 +920,32 @@ LockHeld ==
             /\ lockedBy[a.job] = a.gid
             /\ holder[a.job] = a.gid
 
-\* Crash containment: an attempt is lost to another job's crash at most once.
-CrashContained == \A j \in Jobs : lostTo[j] <= 1
+\* Crash containment: an isolated job is never claimed by CLAIM; a worker
+\* never holds two jobs that were isolated when claimed (ghost wasIso, not
+\* the worker's own belief); and so a job loses at most one attempt to
+\* another job's crash.
+CrashContained ==
+    /\ ~Alarmed("isolated")
+    /\ \A w \in Workers : Cardinality({a \in held[w] : a.wasIso}) <= 1
+    /\ \A j \in Jobs : lostTo[j] <= 1
 
 \* Workflows.  A job leaves 'blocked' for 'available' only when each of its
 \* dependencies is completed (policy 'cancel') or final (policy 'run').
 DependentsWait == ~Alarmed("early")
+
+\* A dependent leaves 'blocked' for 'available' only in the statement that
+\* makes its last dependency final: a COMPLETE that lands for the attempt
+\* holding that dependency's lease (ghost holder: UNBLOCK behind a
+\* current-token COMPLETE), or, for policy 'run', a write that makes the
+\* dependency failed, dead or cancelled (CANCEL_DEPENDENTS).
+UnblockFenced ==
+    [][\A x \in Jobs :
+         (jstate[x] = "blocked" /\ jstate'[x] = "available") =>
+           \E d \in Deps[x] :
+              \/ /\ jstate[d] = "running" /\ jstate'[d] = "completed"
+                 /\ holder[d] # 0 /\ completer'[d] = holder[d]
+              \/ /\ x \in RunAnyway
+                 /\ jstate[d] \notin Final /\ jstate'[d] \in Doomed]_vars
 
 \* A blocked job's pending_dependencies is the number of its dependencies
 \* that are not yet satisfied.
@@ -974,5 +999,6 @@ EveryTickEnqueued ==
 THEOREM Spec => [](TypeOK /\ LeaseExclusive /\ FencedWrites /\ EffectOnce /\ LockHeld
                    /\ CrashContained /\ DependentsWait /\ CounterExact
                    /\ NoDoomedBlocked /\ CascadeCause /\ CancelHonoured /\ OneJobPerTick)
+THEOREM Spec => LegalTransitions /\ UnblockFenced
 THEOREM Spec => AllEventuallyFinal /\ EveryTickEnqueued
 =============================================================================
