@@ -333,10 +333,11 @@ byte cron_jobs[MAX_TICK + 1];   /* jobs inserted per tick */
                    (locked[v_job[k]] == v_gid[k] && holder[v_job[k]] == v_gid[k]))
 #define LOCK_OK (LOCK_K(0) && LOCK_K(1) && LOCK_K(2))
 
-/* no isolated job taken by CLAIM; worker 0 (two slots) never holds two jobs
- * that were isolated when claimed; no job loses two attempts to a crasher */
-#define CRASH_OK (h_iso_claim == 0 && \
-                  !(v_job[0] != NOJOB && v_job[1] != NOJOB && g_was_iso[0] && g_was_iso[1]) && \
+/* no isolated job taken by CLAIM; worker 0 (two slots) never holds the
+ * leases of two jobs that were isolated when claimed; no job loses two
+ * attempts to a crasher                                                  */
+#define ISO_LEASE(k) (v_job[k] != NOJOB && g_was_iso[k] && holder[v_job[k]] == v_gid[k])
+#define CRASH_OK (h_iso_claim == 0 && !(ISO_LEASE(0) && ISO_LEASE(1)) && \
                   lost_to[0] <= 1 && lost_to[1] <= 1 && lost_to[2] <= 1 && lost_to[3] <= 1)
 
 #define WAIT_OK (h_early == 0)

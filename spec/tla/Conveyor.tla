@@ -921,12 +921,13 @@ LockHeld ==
             /\ holder[a.job] = a.gid
 
 \* Crash containment: an isolated job is never claimed by CLAIM; a worker
-\* never holds two jobs that were isolated when claimed (ghost wasIso, not
-\* the worker's own belief); and so a job loses at most one attempt to
-\* another job's crash.
+\* never holds the leases of two jobs that were isolated when claimed (ghost
+\* wasIso and holder, not the worker's own beliefs); and so a job loses at
+\* most one attempt to another job's crash.
 CrashContained ==
     /\ ~Alarmed("isolated")
-    /\ \A w \in Workers : Cardinality({a \in held[w] : a.wasIso}) <= 1
+    /\ \A w \in Workers :
+         Cardinality({a \in held[w] : a.wasIso /\ holder[a.job] = a.gid}) <= 1
     /\ \A j \in Jobs : lostTo[j] <= 1
 
 \* Workflows.  A job leaves 'blocked' for 'available' only when each of its
