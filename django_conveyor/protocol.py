@@ -102,31 +102,45 @@ FROM conveyor_job
 WHERE idempotency_key = ANY(%(keys)s)
 """
 
+# Both halves keep their cost in proportion to the batch, not the table:
+# - the paused queues are taken out of the worker's list once, before the
+#   scan, so it walks conveyor_job_claim_idx in claim order and stops after
+#   `limit` rows (a per-row paused filter, `queue <> ALL(ARRAY(...))` or a
+#   NOT EXISTS that meets statistics of conveyor_queue, makes the planner
+#   expect one matching row and sort every ready row instead);
+# - the update finds the picked rows by primary key (`id = ANY(ARRAY(...))`),
+#   where a join to the CTE may become a hash join over the whole table once
+#   the batch is a few hundred rows;
+# - the claimed rows come back in claim order, sorting only the batch.
 CLAIM = """
 WITH picked AS (
     SELECT id FROM conveyor_job
     WHERE state = 'available'
-      AND queue = ANY(%(queues)s)
       AND run_after <= now()
-      AND queue <> ALL(ARRAY(SELECT name FROM conveyor_queue WHERE paused))
+      AND queue = ANY(ARRAY(
+          SELECT s.name FROM unnest(%(queues)s::text[]) AS s(name)
+          WHERE NOT EXISTS (SELECT 1 FROM conveyor_queue AS q WHERE q.name = s.name AND q.paused)
+      ))
     ORDER BY priority DESC, run_after, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
+), claimed AS (
+    UPDATE conveyor_job AS j
+    SET state = 'running',
+        attempt = j.attempt + 1,
+        lease_owner = %(owner)s,
+        lease_version = j.lease_version + 1,
+        lease_expires_at = now() + make_interval(secs => %(lease)s),
+        started_at = now()
+    WHERE j.id = ANY(ARRAY(SELECT id FROM picked))
+    RETURNING j.*
 )
-UPDATE conveyor_job AS j
-SET state = 'running',
-    attempt = j.attempt + 1,
-    lease_owner = %(owner)s,
-    lease_version = j.lease_version + 1,
-    lease_expires_at = now() + make_interval(secs => %(lease)s),
-    started_at = now()
-FROM picked
-WHERE j.id = picked.id
-RETURNING j.id, j.task_path, j.args, j.kwargs, j.queue, j.backend, j.priority, j.attempt,
-          j.max_attempts, j.lease_version, j.idempotency_key, j.enqueued_at, j.started_at,
-          j.lease_owner,
-          extract(epoch FROM j.started_at - greatest(j.enqueued_at, j.run_after))::float8,
-          NULLIF(j.errors, '[]'::jsonb)
+SELECT id, task_path, args, kwargs, queue, backend, priority, attempt, max_attempts,
+       lease_version, idempotency_key, enqueued_at, started_at, lease_owner,
+       extract(epoch FROM started_at - greatest(enqueued_at, run_after))::float8,
+       NULLIF(errors, '[]'::jsonb)
+FROM claimed
+ORDER BY priority DESC, run_after, id
 """
 
 _HELD = "FROM jsonb_to_recordset(%(held)s::jsonb) AS h(id bigint, version bigint"
