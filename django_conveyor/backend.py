@@ -6,6 +6,7 @@ back with the caller's transaction; its NOTIFY is delivered only on commit.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -18,12 +19,13 @@ from .compat import (
     BaseTaskBackend,
     InvalidTask,
     TaskResultDoesNotExist,
+    log_task_enqueued,
     task_enqueued,
 )
 from .conf import conveyor_settings
 from .results import ConveyorTaskResult, parse_result_id, result_from_job, result_id, task_result
 from .serialization import json_round_trip
-from .signals import task_enqueue_replayed
+from .signals import heard, task_enqueue_replayed
 from .states import JobState
 from .tasks import ConveyorTask
 
@@ -96,6 +98,7 @@ class ConveyorBackend(BaseTaskBackend):
         with connections[database].cursor() as cursor:
             enqueued = protocol.enqueue(cursor, jobs, notify=conveyor_settings().NOTIFY)
         results = []
+        send = heard(task_enqueued, log_task_enqueued, logging.DEBUG)
         for job, row in zip(jobs, enqueued, strict=True):
             if not row.created:  # The idempotency key named an existing job.
                 replayed = self._load(database, row.id, created=False)
@@ -112,7 +115,8 @@ class ConveyorBackend(BaseTaskBackend):
                 backend=self.alias,
                 enqueued_at=row.enqueued_at,
             )
-            task_enqueued.send(type(self), task_result=result)
+            if send:
+                task_enqueued.send(type(self), task_result=result)
             results.append(result)
         return results
 

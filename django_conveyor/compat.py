@@ -27,6 +27,7 @@ try:  # Django 6.x ships the framework.
     from django.tasks.base import task as base_task
     from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
     from django.tasks.signals import (
+        log_task_enqueued,
         log_task_finished,
         log_task_started,
         task_enqueued,
@@ -60,6 +61,7 @@ except ImportError:  # Django 5.2 with the django-tasks backport.
     )
     from django_tasks.exceptions import TaskResultDoesNotExist  # type: ignore[no-redef]
     from django_tasks.signals import (  # type: ignore[no-redef]
+        log_task_enqueued,
         log_task_finished,
         log_task_started,
         task_enqueued,
@@ -87,6 +89,7 @@ __all__ = [
     "TaskResultDoesNotExist",
     "TaskResultStatus",
     "base_task",
+    "log_task_enqueued",
     "log_task_finished",
     "log_task_started",
     "task_backends",

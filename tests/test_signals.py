@@ -13,6 +13,7 @@ from django_conveyor import executor
 from django_conveyor.compat import (
     TaskResultStatus,
     log_task_started,
+    task_enqueued,
     task_finished,
     task_started,
     tasks_logger,
@@ -109,3 +110,19 @@ def test_a_context_still_gets_its_result(tasks_log_level, results_built):
     result.refresh()
     assert result.return_value == 1
     assert results_built == [int(result.id)]
+
+
+def test_enqueue_sends_task_enqueued_to_a_receiver(tasks_log_level):
+    tasks_log_level(logging.WARNING)
+    seen = []
+
+    def enqueued(sender, task_result, **kwargs):
+        seen.append(task_result.id)
+
+    task_enqueued.connect(enqueued)
+    try:
+        one = tasks.add.enqueue(1, 2)
+        many = tasks.add.get_backend().enqueue_many(tasks.add, [((1, 2), {}), ((3, 4), {})])
+    finally:
+        task_enqueued.disconnect(enqueued)
+    assert seen == [one.id, *(r.id for r in many)]
