@@ -108,6 +108,9 @@ WHERE idempotency_key = ANY(%(keys)s)
 #   `limit` rows (a per-row paused filter, `queue <> ALL(ARRAY(...))` or a
 #   NOT EXISTS that meets statistics of conveyor_queue, makes the planner
 #   expect one matching row and sort every ready row instead);
+# - a worker of one queue names it as a constant (the planner folds the
+#   `cardinality(...) <> 1 OR ...` test), so it walks conveyor_job_claim_queue_idx
+#   and is not slowed by ready rows of other queues ahead of its own;
 # - the update finds the picked rows by primary key (`id = ANY(ARRAY(...))`),
 #   where a join to the CTE may become a hash join over the whole table once
 #   the batch is a few hundred rows;
@@ -121,6 +124,7 @@ WITH picked AS (
           SELECT s.name FROM unnest(%(queues)s::text[]) AS s(name)
           WHERE NOT EXISTS (SELECT 1 FROM conveyor_queue AS q WHERE q.name = s.name AND q.paused)
       ))
+      AND (cardinality(%(queues)s::text[]) <> 1 OR queue = (%(queues)s::text[])[1])
     ORDER BY priority DESC, run_after, id
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED

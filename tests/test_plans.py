@@ -21,17 +21,17 @@ pytestmark = pytest.mark.django_db(transaction=True)
 READY_ROWS = 20_000
 
 
-def fill(n: int, queue: str = "default") -> None:
+def fill(n: int, queue: str = "default", age: str = "1 hour") -> None:
     with connection.cursor() as cur:
         cur.execute(
             """
             INSERT INTO conveyor_job (task_path, args, kwargs, queue, backend, priority, state,
                 attempt, max_attempts, run_after, lease_version, errors, enqueued_at)
             SELECT 'tests.testapp.tasks.noop', jsonb_build_array(g), '{}', %s, 'default', 0,
-                'available', 0, 5, now() - interval '1 hour', 0, '[]', now()
+                'available', 0, 5, now() - %s::interval, 0, '[]', now()
             FROM generate_series(1, %s) AS g
             """,
-            [queue, n],
+            [queue, age, n],
         )
         cur.execute("ANALYZE conveyor_job")
         cur.execute("ANALYZE conveyor_queue")
@@ -66,9 +66,10 @@ def claim_plan(queues: list[str], limit: int = 50) -> dict:
 
 
 def assert_cost_follows_the_batch(plan: dict) -> None:
-    """An ordered scan of the claim index, no full scan, no sort of the table's rows."""
+    """An ordered scan of a claim index, no full scan, no sort of the table's rows."""
     kinds = [(n["Node Type"], n.get("Relation Name"), n.get("Index Name")) for n in nodes(plan)]
-    assert ("Index Scan", "conveyor_job", "conveyor_job_claim_idx") in kinds, kinds
+    claim_indexes = {"conveyor_job_claim_idx", "conveyor_job_claim_queue_idx"}
+    assert [k for k in kinds if k[0] == "Index Scan" and k[2] in claim_indexes], kinds
     assert ("Seq Scan", "conveyor_job", None) not in kinds, kinds
     # Sorting the claimed batch is fine; sorting what a scan of the table returns is not.
     for sort in (n for n in nodes(plan) if n["Node Type"] == "Sort"):
@@ -98,3 +99,12 @@ class TestClaimPlan:
     def test_a_large_batch_keeps_the_index(self):
         fill(READY_ROWS)
         assert_cost_follows_the_batch(claim_plan(["default"], limit=1000))
+
+    def test_ready_rows_of_other_queues_ahead_are_not_walked(self):
+        # A worker of one queue reads a range of the queue-led claim index.
+        fill(READY_ROWS, queue="backlog", age="2 hours")
+        fill(1_000)
+        plan = claim_plan(["default"])
+        assert_cost_follows_the_batch(plan)
+        scans = [n for n in nodes(plan) if n.get("Index Name") == "conveyor_job_claim_queue_idx"]
+        assert scans and "queue" in scans[0].get("Index Cond", ""), scans
