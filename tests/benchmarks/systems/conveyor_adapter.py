@@ -212,14 +212,16 @@ def workload_growth(run: Run) -> dict[str, Any]:
 # ---------------------------------------------------------------- physical limit
 
 
-# A diagnostic variant, not the shipped SQL: CLAIM's paused-queue filter as it
-# was before issue 15, per row (`queue <> ALL(ARRAY(...))`), which makes the
-# planner estimate one matching row and sort every ready row per claim. The
-# limit workload measures both, so the table shows what the shipped filter buys.
+# A diagnostic variant, not the shipped SQL: CLAIM's queue filter as it was
+# before issue 15, per row (`queue <> ALL(ARRAY(...))`, and no lone-queue
+# constant for the queue-led index), which makes the planner estimate one
+# matching row and sort every ready row per claim. The limit workload
+# measures both, so the table shows what the shipped filter buys.
 SHIPPED_FILTER = """AND queue = ANY(ARRAY(
           SELECT s.name FROM unnest(%(queues)s::text[]) AS s(name)
           WHERE NOT EXISTS (SELECT 1 FROM conveyor_queue AS q WHERE q.name = s.name AND q.paused)
-      ))"""
+      ))
+      AND (cardinality(%(queues)s::text[]) <> 1 OR queue = (%(queues)s::text[])[1])"""
 PER_ROW_FILTER = (
     "AND queue = ANY(%(queues)s)"
     " AND queue <> ALL(ARRAY(SELECT name FROM conveyor_queue WHERE paused))"
