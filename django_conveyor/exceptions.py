@@ -56,7 +56,7 @@ class DependencyCycle(InvalidDependencies):
 
 
 class DependencyAlreadyFailed(InvalidDependencies):
-    """A dependency already ended failed, dead or cancelled, and the dependent would be cancelled."""
+    """A dependency already ended failed, dead or cancelled: the dependent could never run."""
 
 
 class TooManyDependencies(InvalidDependencies):

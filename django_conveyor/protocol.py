@@ -650,8 +650,8 @@ def enqueue(cursor: Cursor, jobs: Sequence[NewJob], *, notify: bool) -> list[Enq
     ]
     cursor.execute(ENQUEUE, {"rows": _json(rows), "notify": notify, "channel": NOTIFY_CHANNEL})
     inserted = cursor.fetchall()
-    by_key = {key: (id_, at, after, st) for id_, key, at, after, st, _ in inserted if key is not None}
-    unkeyed = iter([(id_, at, after, st) for id_, key, at, after, st, _ in inserted if key is None])
+    by_key = {row[1]: (row[0], *row[2:5]) for row in inserted if row[1] is not None}
+    unkeyed = iter([(row[0], *row[2:5]) for row in inserted if row[1] is None])
     missing = [
         j.idempotency_key for j in jobs if j.idempotency_key and j.idempotency_key not in by_key
     ]

@@ -154,7 +154,7 @@ class TestCancelDependents:
         [entry] = Job.objects.get(pk=b).errors
         assert entry["exception_class_path"] == "django_conveyor.exceptions.DependencyFailed"
         assert entry["dependency"] == a
-        assert entry["traceback"].startswith(f"Dependency {a} (tests.testapp.tasks.add) ended failed")
+        assert entry["traceback"].startswith(f"Dependency {a} (tests.testapp.tasks.add) ended")
         assert Job.objects.get(pk=c).errors[-1]["dependency"] == b
 
     def test_a_run_anyway_dependent_runs_once_every_dependency_is_final(self, cur):
