@@ -73,9 +73,10 @@ class TestEnqueue:
         c = new(cur, a, b, a)
         assert (state(c), pending(c)) == ("blocked", 2)
         assert sorted(Dependency.objects.filter(job_id=c).values_list("depends_on_id", flat=True))
-        assert set(
-            Dependency.objects.filter(job_id=c).values_list("depends_on_id", flat=True)
-        ) == {a, b}
+        assert set(Dependency.objects.filter(job_id=c).values_list("depends_on_id", flat=True)) == {
+            a,
+            b,
+        }
 
     def test_completed_dependencies_are_already_satisfied(self, cur):
         a = new(cur)

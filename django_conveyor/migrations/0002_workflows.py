@@ -75,9 +75,7 @@ class Migration(migrations.Migration):
             options={
                 "db_table": "conveyor_dependency",
                 "indexes": [
-                    models.Index(
-                        fields=["depends_on", "job"], name="conveyor_dependency_rev_idx"
-                    )
+                    models.Index(fields=["depends_on", "job"], name="conveyor_dependency_rev_idx")
                 ],
             },
         ),
