@@ -630,7 +630,7 @@ def enqueue(cursor: Cursor, jobs: Sequence[NewJob], *, notify: bool) -> list[Enq
     (`DependencyAlreadyFailed`), more than MAX_DEPENDENCIES
     (`TooManyDependencies`).
     """
-    pending = _pending_dependencies(cursor, jobs)
+    pending = pending_dependencies(cursor, jobs)
     rows = [
         {
             "task_path": j.task_path,
@@ -694,7 +694,7 @@ def lock_dependencies(cursor: Cursor, ids: Iterable[int]) -> dict[int, str]:
     return dict(cursor.fetchall())
 
 
-def _pending_dependencies(cursor: Cursor, jobs: Sequence[NewJob]) -> list[int]:
+def pending_dependencies(cursor: Cursor, jobs: Sequence[NewJob]) -> list[int]:
     """Each job's count of unsatisfied dependencies; raises before any write."""
     for job in jobs:
         if len(set(job.depends_on)) > MAX_DEPENDENCIES:
