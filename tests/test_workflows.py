@@ -197,3 +197,29 @@ def test_enqueue_share_locks_the_dependencies_until_commit():
                 "SELECT 1 FROM conveyor_job WHERE id = %s FOR NO KEY UPDATE NOWAIT",
                 [int(dependency.id)],
             )
+
+
+def test_the_api_and_the_cli_requeue_through_the_same_reblock(client):
+    from django.core.management import call_command
+
+    from django_conveyor import apikeys
+
+    headers = {"HTTP_AUTHORIZATION": f"Bearer {apikeys.create('ops', ['operate'])[1]}"}
+    result = chain(tasks.wf_step.step("a"), tasks.wf_step.step("b")).enqueue()
+    a, b = (int(r.id) for r in result)
+    operations.cancel([a])
+    assert states(result) == ["cancelled", "cancelled"]
+    refused = client.post(f"/conveyor/api/jobs/{b}/requeue", **headers)
+    assert refused.status_code == 409
+    assert refused.json()["detail"] == (
+        f"Job {b} depends on a job that is failed, dead or cancelled; requeue that "
+        "dependency, and this job follows."
+    )
+    response = client.post(f"/conveyor/api/jobs/{a}/requeue", **headers)
+    assert response.status_code == 200, response.content
+    assert states(result) == ["available", "blocked"]
+    assert Job.objects.get(pk=b).history[-1]["actor"] == "api:ops"
+    operations.cancel([a])
+    call_command("conveyor_jobs", "requeue", "--ids", str(a))
+    assert states(result) == ["available", "blocked"]
+    assert Job.objects.get(pk=b).history[-1]["actor"] == "cli"
