@@ -194,7 +194,7 @@ class JobAdmin(ReadOnlyAdmin):
             "title": f"Workflow of job {job.pk}",
             "graph_svg": workflow.svg(graph, job.pk),
             "graph": graph,
-            "nodes": sorted(graph.nodes.values(), key=lambda j: j.pk),
+            "nodes": workflow.listed(graph),
             "node_limit": workflow.NODE_LIMIT,
             "states": list(workflow.STATE_COLOURS.items()),
         }

@@ -8,6 +8,7 @@ in columns by depth (each job right of everything it waits for).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from django.db import connections
 from django.urls import reverse
@@ -65,13 +66,16 @@ class Neighbours:
         return bool(self.dependencies or self.dependents)
 
 
-def _neighbours(database: str, ids_query: object) -> tuple[list[Neighbour], int]:
+def _neighbour(job: Job) -> Neighbour:
+    return Neighbour(
+        job.id, job.task_name, job.state, reverse("admin:conveyor_job_change", args=[job.id])
+    )
+
+
+def _neighbours(database: str, ids_query: Any) -> tuple[list[Neighbour], int]:
     jobs = Job.objects.using(database).filter(pk__in=ids_query).only("id", "task_path", "state")
     rows = list(jobs.order_by("id")[: NEIGHBOUR_LIMIT + 1])
-    listed = [
-        Neighbour(j.id, j.task_name, j.state, reverse("admin:conveyor_job_change", args=[j.id]))
-        for j in rows[:NEIGHBOUR_LIMIT]
-    ]
+    listed = [_neighbour(j) for j in rows[:NEIGHBOUR_LIMIT]]
     more = ids_query.count() - NEIGHBOUR_LIMIT if len(rows) > NEIGHBOUR_LIMIT else 0
     return listed, more
 
@@ -131,6 +135,11 @@ def workflow_graph(job_id: int, database: str, limit: int | None = None) -> Grap
         .values_list("job_id", "depends_on_id")
     )
     return Graph(nodes, edges, truncated)
+
+
+def listed(graph: Graph) -> list[Neighbour]:
+    """The graph's jobs as the job page lists its neighbours, in id order."""
+    return [_neighbour(graph.nodes[n]) for n in sorted(graph.nodes)]
 
 
 def svg(graph: Graph, current: int) -> SafeString:

@@ -31,27 +31,21 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+import scratch  # noqa: E402  (beside this script)
+
 DB_NAME = "conveyor_workflow_bench"
 NOOP = "tests.testapp.tasks.noop"
 
 
 def setup_django() -> None:
-    sys.path.insert(0, str(REPO))
     os.environ["DJANGO_SETTINGS_MODULE"] = "tests.settings"
     os.environ["CONVEYOR_DB_NAME"] = DB_NAME
     import django
 
     django.setup()
-    import psycopg
-    from django.db import connections
-
-    from django_conveyor.dbconn import connection_params
-
-    params = {**connection_params("default"), "dbname": "postgres"}
-    with psycopg.connect(**params, autocommit=True) as admin:
-        admin.execute(f"DROP DATABASE IF EXISTS {DB_NAME} WITH (FORCE)")
-        admin.execute(f"CREATE DATABASE {DB_NAME}")
-    connections["default"].close()
+    scratch.recreate(DB_NAME)
     from django.core.management import call_command
 
     call_command("migrate", verbosity=0)
