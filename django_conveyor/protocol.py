@@ -709,7 +709,9 @@ def pending_dependencies(cursor: Cursor, jobs: Sequence[NewJob]) -> list[int]:
         for dep in set(job.depends_on):
             state = states.get(dep)
             if state is None:
-                raise DependencyNotFound(f"Dependency {dep} of a {job.task_path} job is no job.")
+                raise DependencyNotFound(
+                    f"Dependency {dep} of a {job.task_path} job names no job in this database."
+                )
             if state in UNSUCCESSFUL_STATES and job.dependency_policy == "cancel":
                 raise DependencyAlreadyFailed(
                     f"Dependency {dep} of a {job.task_path} job is already {state}, so the job "
