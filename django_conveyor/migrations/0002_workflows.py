@@ -16,7 +16,7 @@ POLICIES = [
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("conveyor", "0004_api_keys"),
+        ("conveyor", "0005_indexes"),
     ]
 
     operations = [

@@ -198,6 +198,12 @@ async def async_sleeper(label, seconds):
     return "slept"
 
 
+@task()
+def enqueues_child(key):
+    """Enqueues add(1, 2) under an idempotency key: a second run replays it."""
+    return add.using(idempotency_key=key).enqueue(1, 2).id
+
+
 def _wait_for_effect(label, seconds=60.0):
     deadline = time.monotonic() + seconds
     while not Effect.objects.filter(label=label).exists():
