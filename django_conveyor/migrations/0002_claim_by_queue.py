@@ -22,7 +22,7 @@ class Migration(migrations.Migration):
     atomic = False
 
     dependencies = [
-        ("conveyor", "0005_indexes"),
+        ("conveyor", "0006_workflows"),
     ]
 
     operations = [
