@@ -35,7 +35,7 @@ def test_the_overlapping_state_index_is_dropped_and_restored_with_data():
 
 def test_the_queue_led_claim_index_is_built_and_dropped_with_data():
     loader = MigrationLoader(connection)
-    (before,) = loader.graph.node_map[("conveyor", "0002_claim_by_queue")].parents
+    (before,) = loader.graph.node_map[("conveyor", "0007_claim_by_queue")].parents
     JobFactory.create_batch(3)
     try:
         call_command("migrate", "conveyor", before.key[1], verbosity=0)
