@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable
 from typing import Any
 
 from .exceptions import ArgumentsNotSerializable
@@ -118,8 +119,27 @@ _UNCHANGED = frozenset({type(None), str, int, bool})
 
 def json_round_trip(value: Any, what: str) -> Any:
     """What the handler will receive: the value after a JSON dump and load."""
-    if type(value) in _UNCHANGED:
-        if type(value) is str and (problem := text_problem(value)):
+    kind = type(value)
+    if kind in _UNCHANGED:
+        if kind is str and (problem := text_problem(value)):
             raise _refuse(what, problem)
         return value  # The common return values of handlers, without the round trip.
+    # Flat arguments (ids, names, flags) come back equal from a round trip:
+    # copy them instead, as the round trip would have.
+    if kind is list and all(type(item) in _UNCHANGED for item in value):
+        _check_texts(enumerate(value), what)
+        return list(value)
+    if kind is dict and all(
+        type(key) is str and type(item) in _UNCHANGED for key, item in value.items()
+    ):
+        _check_texts(((repr(k), k) for k in value), what, keys=True)
+        _check_texts(((repr(k), v) for k, v in value.items()), what)
+        return dict(value)
     return json.loads(to_json(value, what))
+
+
+def _check_texts(items: Iterable[tuple[Any, Any]], what: str, *, keys: bool = False) -> None:
+    """The strings of a flat list or dict are storable (one scan each; others pass)."""
+    for index, item in items:
+        if type(item) is str and (problem := text_problem(item)):
+            raise _refuse(f"{what} key {item!r:.40}" if keys else f"{what}[{index}]", problem)

@@ -1,4 +1,7 @@
-"""serialization.py: what can be stored as JSON in PostgreSQL, and errors that point."""
+"""JSON round trips: flat values are copied, everything else really round-trips; what
+PostgreSQL can store, and errors that point."""
+
+import math
 
 import pytest
 
@@ -10,6 +13,38 @@ from django_conveyor.serialization import (
     storable_text,
     text_problem,
 )
+
+
+@pytest.mark.parametrize(
+    "value",
+    [[1, "a", True, None], {"a": 1, "b": None}, [], {}],
+)
+def test_flat_values_come_back_equal_and_copied(value):
+    copied = json_round_trip(value, "args")
+    assert copied == value
+    assert copied is not value
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [((1, 2), [1, 2]), ([(1, 2)], [[1, 2]]), ({"a": (1,)}, {"a": [1]}), ([1.5], [1.5])],
+)
+def test_other_values_really_round_trip(value, expected):
+    assert json_round_trip(value, "args") == expected
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        ([{1: "a"}], r"args\[0\] key 1"),
+        ({"a": {2: "b"}}, r"args\['a'\] key 2"),
+        ([math.nan], r"args\[0\] is nan, which JSON cannot represent"),
+        ([object()], "object value"),
+    ],
+)
+def test_values_that_would_change_or_fail_are_refused(value, message):
+    with pytest.raises(ArgumentsNotSerializable, match=message):
+        json_round_trip(value, "args")
 
 
 def nested(levels):
@@ -58,3 +93,18 @@ def test_error_text_is_made_storable_with_a_note():
     text = storable_text("bad byte \x00 and \udc80")
     assert text == "bad byte \\x00 and \\udc80" + REPLACED_NOTE
     assert text_problem(text) is None
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        (["ok", "a\x00b"], "args[1] contains a NUL character"),
+        ({"note": "\x00"}, "args['note'] contains a NUL character"),
+        ({"k\x00": 1}, "args key 'k\\x00' contains a NUL character"),
+        (["\udc80"], "args[0] contains a lone surrogate"),
+    ],
+)
+def test_flat_values_are_checked_too(value, message):
+    with pytest.raises(ArgumentsNotSerializable) as raised:
+        json_round_trip(value, "args")
+    assert message in str(raised.value)

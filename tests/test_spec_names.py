@@ -26,9 +26,6 @@ SPEC = Path(__file__).resolve().parent.parent / "spec"
 # one has landed.
 MODELLED_AHEAD = {
     "CLAIM_ISOLATED",  # modelled, statement landing with issue 8 (crash containment)
-    "UNBLOCK",  # modelled, statement landing with issue 12 (workflows)
-    "CANCEL_DEPENDENTS",  # modelled, statement landing with issue 12
-    "REBLOCK_DEPENDENTS",  # modelled, statement landing with issue 12
 }
 
 
