@@ -7,6 +7,7 @@ after the spec action it implements, and nothing else in the package writes
 States and the only transitions (DESIGN §3)::
 
     available --CLAIM--> running --COMPLETE--> completed
+    available, isolated --CLAIM_ISOLATED--> running (one per worker, alone)
     (blocked is reserved for jobs with dependencies; no statement creates it yet)
     available <--RETRY / SNOOZE / RELEASE / REAP-- running
     running --FAIL--> failed      running --RETRY / REAP (attempts used)--> dead
@@ -33,6 +34,16 @@ to the holder, which stops the handler and writes CANCEL_HELD under its
 token, so the handler's own outcome then matches zero rows. From the request
 on, LOCK_FOR_EFFECT refuses the job (no effect commits after a cancel), and
 a lease that expires instead is reaped to `cancelled`. REQUEUE clears it.
+
+Crash containment. A job whose lease expired may have killed its worker,
+and the jobs claimed with it died too. So REAP marks a job it returns to
+`available` as `isolated`: CLAIM never takes it again; CLAIM_ISOLATED
+takes it, one at a time, for a worker that holds no other isolated job
+(and, on the worker's side, no claimed job that has not started). The mark
+stays until an outcome of its handler is written (COMPLETE, RETRY, FAIL,
+SNOOZE, CANCEL_HELD clear it); RELEASE keeps it; REQUEUE clears it. A
+crasher thus dies alone after its first crash, and ends `dead` with its
+own attempts, while the jobs reaped with it complete.
 
 Operators leave a trace: REQUEUE, CANCEL, REQUEST_CANCEL and CANCEL_HELD
 append `{"time", "actor", "action", "detail"}` to the job's `history`.
@@ -102,17 +113,12 @@ FROM conveyor_job
 WHERE idempotency_key = ANY(%(keys)s)
 """
 
-CLAIM = """
-WITH picked AS (
-    SELECT id FROM conveyor_job
-    WHERE state = 'available'
+_READY = """state = 'available'
       AND queue = ANY(%(queues)s)
       AND run_after <= now()
-      AND queue <> ALL(ARRAY(SELECT name FROM conveyor_queue WHERE paused))
-    ORDER BY priority DESC, run_after, id
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
-)
+      AND queue <> ALL(ARRAY(SELECT name FROM conveyor_queue WHERE paused))"""
+
+_CLAIMED = """
 UPDATE conveyor_job AS j
 SET state = 'running',
     attempt = j.attempt + 1,
@@ -126,8 +132,37 @@ RETURNING j.id, j.task_path, j.args, j.kwargs, j.queue, j.backend, j.priority, j
           j.max_attempts, j.lease_version, j.idempotency_key, j.enqueued_at, j.started_at,
           j.lease_owner,
           extract(epoch FROM j.started_at - greatest(j.enqueued_at, j.run_after))::float8,
-          NULLIF(j.errors, '[]'::jsonb)
+          NULLIF(j.errors, '[]'::jsonb), j.isolated
 """
+
+# NOT isolated is a filter on the claim index (whose predicate is state alone):
+# isolated rows are few, and they wait for CLAIM_ISOLATED.
+CLAIM = f"""
+WITH picked AS (
+    SELECT id FROM conveyor_job
+    WHERE {_READY}
+      AND NOT isolated
+    ORDER BY priority DESC, run_after, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+{_CLAIMED}"""
+
+# One job, in a statement of its own. The NOT EXISTS reads the worker's
+# running isolated rows (at most one) through conveyor_job_isolated_held_idx.
+CLAIM_ISOLATED = f"""
+WITH picked AS (
+    SELECT id FROM conveyor_job
+    WHERE {_READY}
+      AND isolated
+      AND NOT EXISTS (
+          SELECT 1 FROM conveyor_job AS mine
+          WHERE mine.state = 'running' AND mine.isolated AND mine.lease_owner = %(owner)s)
+    ORDER BY priority DESC, run_after, id
+    LIMIT 1
+    FOR UPDATE SKIP LOCKED
+)
+{_CLAIMED}"""
 
 _HELD = "FROM jsonb_to_recordset(%(held)s::jsonb) AS h(id bigint, version bigint"
 
@@ -150,10 +185,21 @@ WHERE j.id = renew.id
 RETURNING j.id, j.cancel_requested_at IS NOT NULL
 """
 
+# A plain read, no lock, only when HEARTBEAT missed some of the held rows:
+# SKIP LOCKED also skips a row that another worker's CLAIM has just locked
+# and then rejected (PostgreSQL keeps that lock until the claim commits).
+# A row that still carries this worker's token is held, not lost.
+STILL_HELD = """
+SELECT j.id FROM conveyor_job AS j
+JOIN jsonb_to_recordset(%(held)s::jsonb) AS h(id bigint, version bigint)
+  ON j.id = h.id AND j.lease_version = h.version
+WHERE j.state = 'running' AND j.lease_owner = %(owner)s
+"""
+
 COMPLETE = f"""
 UPDATE conveyor_job AS j
 SET state = 'completed', return_value = h.return_value, finished_at = now(),
-    lease_expires_at = NULL
+    lease_expires_at = NULL, isolated = false
 {_HELD}, return_value jsonb)
 WHERE j.id = h.id AND j.state = 'running'
   AND j.lease_owner = %(owner)s AND j.lease_version = h.version
@@ -179,7 +225,7 @@ SET state = CASE WHEN j.attempt >= j.max_attempts THEN 'dead' ELSE 'available' E
     run_after = now() + make_interval(secs => h.delay),
     finished_at = CASE WHEN j.attempt >= j.max_attempts THEN now() END,
     errors = j.errors || {_ERROR_ENTRY},
-    lease_owner = NULL, lease_expires_at = NULL
+    lease_owner = NULL, lease_expires_at = NULL, isolated = false
 {_HELD}, delay float8, error jsonb)
 WHERE j.id = h.id AND j.state = 'running'
   AND j.lease_owner = %(owner)s AND j.lease_version = h.version
@@ -189,7 +235,7 @@ RETURNING j.id, j.state
 FAIL = f"""
 UPDATE conveyor_job AS j
 SET state = 'failed', finished_at = now(), errors = j.errors || {_ERROR_ENTRY},
-    lease_owner = NULL, lease_expires_at = NULL
+    lease_owner = NULL, lease_expires_at = NULL, isolated = false
 {_HELD}, error jsonb)
 WHERE j.id = h.id AND j.state = 'running'
   AND j.lease_owner = %(owner)s AND j.lease_version = h.version
@@ -199,13 +245,15 @@ RETURNING j.id
 SNOOZE = f"""
 UPDATE conveyor_job AS j
 SET state = 'available', attempt = j.attempt - 1,
-    run_after = now() + make_interval(secs => h.delay), lease_owner = NULL, lease_expires_at = NULL
+    run_after = now() + make_interval(secs => h.delay), lease_owner = NULL, lease_expires_at = NULL,
+    isolated = false
 {_HELD}, delay float8)
 WHERE j.id = h.id AND j.state = 'running'
   AND j.lease_owner = %(owner)s AND j.lease_version = h.version
 RETURNING j.id
 """
 
+# The handler did not finish: an isolated job stays isolated.
 RELEASE = f"""
 UPDATE conveyor_job AS j
 SET state = 'available', attempt = j.attempt - 1, lease_owner = NULL, lease_expires_at = NULL
@@ -240,6 +288,8 @@ SET state = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
     run_after = now(),
     lease_owner = NULL,
     lease_expires_at = NULL,
+    -- It may have killed its worker: back to available, it runs alone.
+    isolated = j.isolated OR (j.cancel_requested_at IS NULL AND j.attempt < j.max_attempts),
     errors = j.errors || jsonb_build_array(jsonb_build_object(
         'attempt', j.attempt, 'worker', j.lease_owner, 'token', j.lease_version,
         'started_at', j.started_at,
@@ -260,7 +310,7 @@ RETURNING j.id, j.state, j.task_path, j.queue, j.attempt, expired.lease_owner, j
 REQUEUE = f"""
 UPDATE conveyor_job
 SET state = 'available', attempt = 0, run_after = now(), finished_at = NULL,
-    lease_expires_at = NULL, return_value = NULL,
+    lease_expires_at = NULL, return_value = NULL, isolated = false,
     cancel_requested_at = NULL, cancel_requested_by = NULL,
     history = history || {_history("requeue", "'was ' || state")}
 WHERE id = ANY(%(ids)s) AND state IN ('failed', 'dead', 'cancelled')
@@ -306,7 +356,7 @@ SET state = 'cancelled', finished_at = now(),
     history = j.history || {
     _history("cancel_held", "'stopped while running, as ' || j.cancel_requested_by || ' asked'")
 },
-    lease_owner = NULL, lease_expires_at = NULL
+    lease_owner = NULL, lease_expires_at = NULL, isolated = false
 {_HELD})
 WHERE j.id = h.id AND j.state = 'running'
   AND j.lease_owner = %(owner)s AND j.lease_version = h.version
@@ -426,6 +476,7 @@ class Lease:
     owner: str  # The fencing token's owner: the claiming worker's id.
     pickup_delay: float  # Seconds from when the job was due (enqueued or run_after) to now.
     errors: list[dict[str, Any]] | None  # Entries of earlier attempts; None when none.
+    isolated: bool  # Taken by CLAIM_ISOLATED: it runs without claim-ahead siblings.
 
 
 @dataclass(frozen=True, slots=True)
@@ -532,34 +583,70 @@ def _check_same_operation(
 def claim(
     cursor: Cursor, *, owner: str, queues: Sequence[str], limit: int, lease_seconds: float
 ) -> list[Lease]:
-    """Take up to `limit` ready jobs, each with a new fencing token."""
+    """Take up to `limit` ready jobs, each with a new fencing token.
+
+    Guard: available, due, in `queues`, not in a paused queue, not isolated,
+    and not locked by another claimer. Zero rows means nothing is ready.
+    """
     cursor.execute(
         CLAIM, {"queues": list(queues), "limit": limit, "owner": owner, "lease": lease_seconds}
     )
     return [Lease(*row) for row in cursor.fetchall()]
 
 
-class Renewed(set[int]):
-    """The ids HEARTBEAT renewed; `cancel_requested` are those an operator asked to stop."""
+def claim_isolated(
+    cursor: Cursor, *, owner: str, queues: Sequence[str], limit: int = 1, lease_seconds: float
+) -> list[Lease]:
+    """Take at most one isolated job (one REAP returned), with a new fencing token.
 
-    def __init__(self, rows: Iterable[tuple[int, bool]] = ()) -> None:
+    Guard: as CLAIM's, but isolated; and `owner` holds no running isolated
+    job. The caller's part of the guard: it holds no claimed job that has
+    not started, and claims ahead of it nothing while this one runs. Zero
+    rows means no isolated job is ready, or this worker already runs one.
+    `limit` is accepted for the claim steps' shared call, and ignored.
+    """
+    cursor.execute(CLAIM_ISOLATED, {"queues": list(queues), "owner": owner, "lease": lease_seconds})
+    return [Lease(*row) for row in cursor.fetchall()]
+
+
+class Renewed(set[int]):
+    """The ids HEARTBEAT renewed; `cancel_requested` are those an operator asked to stop.
+
+    `locked` are held jobs it could not renew because another transaction
+    had their row locked: still this worker's, renewed by a later beat.
+    """
+
+    def __init__(self, rows: Iterable[tuple[int, bool]] = (), locked: Iterable[int] = ()) -> None:
         rows = list(rows)
         super().__init__(id_ for id_, _ in rows)
         self.cancel_requested = frozenset(id_ for id_, requested in rows if requested)
+        self.locked = frozenset(locked)
 
 
 def heartbeat(
     cursor: Cursor, *, owner: str, held: Iterable[tuple[int, int]], lease_seconds: float
 ) -> Renewed:
-    """Renew every lease the worker holds; a job missing from the result is lost.
+    """Renew every lease the worker holds; a job in neither the result nor
+    its `locked` is lost.
 
-    The result also says which renewed jobs have a cancel request.
+    Guard: state running, owner and version; rows locked by another
+    transaction are skipped, never waited for. Zero rows renewed means every
+    lease was lost or locked; the ids it missed are read again, without a
+    lock (one more round trip, only then), and those still carrying the
+    token come back in `locked`. The result also says which renewed jobs
+    have a cancel request.
     """
     held = [{"id": id_, "version": version} for id_, version in held]
     if not held:
         return Renewed()
     cursor.execute(HEARTBEAT, {"held": _json(held), "owner": owner, "lease": lease_seconds})
-    return Renewed(cursor.fetchall())
+    rows = cursor.fetchall()
+    renewed = {id_ for id_, _ in rows}
+    missed = [h for h in held if h["id"] not in renewed]
+    if not missed:
+        return Renewed(rows)
+    cursor.execute(STILL_HELD, {"held": _json(missed), "owner": owner})
+    return Renewed(rows, locked=[row[0] for row in cursor.fetchall()])
 
 
 def complete(cursor: Cursor, *, owner: str, done: Iterable[tuple[int, int, Any]]) -> set[int]:
@@ -743,6 +830,7 @@ def _guarded(cursor: Cursor, sql: str, owner: str, held: list[dict[str, Any]]) -
 ACTIONS = {
     "ENQUEUE": enqueue,
     "CLAIM": claim,
+    "CLAIM_ISOLATED": claim_isolated,
     "HEARTBEAT": heartbeat,
     "COMPLETE": complete,
     "RECORD_RESULT": record_result,

@@ -20,6 +20,7 @@ from django_conveyor.management.arguments import (
     queue_list,
     worker_id,
 )
+from django_conveyor.shutdown import exit_process
 from django_conveyor.supervisor import Supervisor
 from django_conveyor.worker import Worker, WorkerOptions, worker_database
 
@@ -140,7 +141,10 @@ class Command(BaseCommand):
             cron=not options["no_cron"],
         )
         if options["processes"] == 1:
-            code = Worker(worker_options).run()
+            worker = Worker(worker_options)
+            code = worker.run()
+            if handlers := worker.slots.in_handlers():
+                exit_process(code, handlers)  # Never waits for a stuck handler thread.
         else:
             child_options = replace(worker_options, stop_signals=(signal.SIGTERM,))
             code = Supervisor(
