@@ -14,9 +14,10 @@ import pytest
 from django.db.models import Count
 from django.utils import timezone
 
+from django_conveyor.dbconn import connect
 from django_conveyor.models import Job
 from tests.helpers import start_logged_worker as worker
-from tests.helpers import wait_until
+from tests.helpers import stop_process, wait_until
 from tests.testapp import hostile, tasks
 from tests.testapp.models import Effect
 
@@ -114,3 +115,25 @@ def test_burst_finishes_beside_a_stuck_timed_out_handler(procs, tmp_path, kind):
     row = Job.objects.get(pk=job.id)
     assert (row.state, row.errors[-1]["exception_class_path"]) == ("dead", "builtins.TimeoutError")
     assert {r.state for r in Job.objects.filter(pk__in=[o.id for o in others])} == {"completed"}
+
+
+def test_a_row_locked_by_another_transaction_is_not_a_lost_lease(procs, tmp_path):
+    """HEARTBEAT skips locked rows; a concurrent claim's lock must not cost the lease."""
+    locked, other = tasks.sleeper.enqueue(6), tasks.sleeper.enqueue(6)
+    proc = worker(procs, tmp_path, "w", "--concurrency", "2", "--lease", "3")
+    wait_until(lambda: Job.objects.filter(state="running").count() == 2)
+
+    def expiry() -> object:
+        return Job.objects.get(pk=other.id).lease_expires_at
+
+    with connect("default") as claimer, claimer.transaction():
+        # What a CLAIM leaves on a row it looked at and let go, until it commits.
+        claimer.execute("SELECT 1 FROM conveyor_job WHERE id = %s FOR UPDATE", [locked.id])
+        before = expiry()
+        wait_until(lambda: expiry() > before)  # A heartbeat ran while the row was locked.
+    wait_until(lambda: Job.objects.filter(state="completed").count() == 2, timeout=30)
+    assert stop_process(proc) == 0
+    row = Job.objects.get(pk=locked.id)
+    # The handler was never told its lease was gone (sleeper returns lease_held()).
+    assert (row.attempt, row.return_value, row.errors) == (1, True, [])
+    assert "lease lost" not in (tmp_path / "w.log").read_text()
