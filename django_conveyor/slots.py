@@ -7,8 +7,8 @@ long handlers take, which sizes the worker's claim-ahead buffer.
 Python cannot stop a thread. When the loop gives up on a handler that is
 still running (its timeout passed), the pool abandons its slot: the thread
 no longer counts as running, a new thread takes the slot, and the old one
-ends when its handler returns, if ever. Up to MAX_ABANDONED threads are
-replaced; past that, a stuck handler keeps its slot. A thread still inside
+ends when its handler returns, if ever. While MAX_ABANDONED such threads
+are still stuck, a stuck handler keeps its slot instead. A thread still inside
 a handler never keeps the process alive: the command exits without waiting
 for it (`in_handlers`).
 """
@@ -29,7 +29,7 @@ from .leases import HeldLease
 from .outcomes import Outcome
 
 DURATION_SMOOTHING = 0.1  # Weight of the newest duration in the moving average.
-MAX_ABANDONED = 64  # Stuck handler threads replaced by new slots, at most, per process.
+MAX_ABANDONED = 64  # Abandoned threads still stuck, at most; past that, no new slot.
 
 
 @dataclass(slots=True, eq=False)
@@ -46,7 +46,7 @@ class SlotPool:
         self.busy_lock = threading.Lock()
         self.busy = 0  # Slots (not abandoned) running a handler.
         self.slots: list[Slot] = []
-        self.abandoned = 0  # Threads given up on so far.
+        self.abandoned = 0  # Threads given up on that are still inside their handler.
         self.avg_duration: float | None = None  # Seconds, a moving average.
         self.names = itertools.count()
 
@@ -132,6 +132,8 @@ class SlotPool:
             self.on_outcome(outcome)  # Stale if abandoned: logged, counted, not written.
         with self.busy_lock:
             self.slots.remove(slot)
+            if slot.abandoned:
+                self.abandoned -= 1
         connections.close_all()  # This thread's handler connections.
 
     def observe(self, seconds: float) -> None:
