@@ -94,13 +94,18 @@ class Claimer:
             alone = free - waiting
             return [ClaimStep(protocol.claim, alone)] if alone > 0 else []
         room = self.room(running=running, waiting=waiting, avg_duration=avg_duration)
-        steps = [ClaimStep(protocol.claim, room)] if room > 0 else []
         if free == 0 or waiting:
-            return steps
-        isolated = ClaimStep(protocol.claim_isolated, 1, if_none_claimed=not look)
-        if not look:
-            return [*steps, isolated]
-        return [isolated, *(ClaimStep(protocol.claim, room, limit_alone=free - 1) for _ in steps)]
+            return [ClaimStep(protocol.claim, room)] if room > 0 else []
+        # A free slot and an empty buffer: an isolated job may be claimed (room >= free > 0).
+        if not look:  # The hot path: one CLAIM, and CLAIM_ISOLATED only if it found nothing.
+            return [
+                ClaimStep(protocol.claim, room),
+                ClaimStep(protocol.claim_isolated, 1, if_none_claimed=True),
+            ]
+        return [
+            ClaimStep(protocol.claim_isolated, 1),
+            ClaimStep(protocol.claim, room, limit_alone=free - 1),
+        ]
 
     def claim(self, cur: Cursor, steps: list[ClaimStep], now: float = 0.0) -> list[Lease]:
         claimed: list[Lease] = []
