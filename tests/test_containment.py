@@ -68,17 +68,23 @@ STUCK = {
 
 
 @pytest.mark.parametrize(
-    ("kind", "sig"),
+    ("kind", "sig", "processes"),
     [
-        ("sleep", signal.SIGTERM),
-        ("busy", signal.SIGTERM),
-        ("async", signal.SIGTERM),
-        ("async", signal.SIGINT),
+        ("sleep", signal.SIGTERM, "1"),
+        ("busy", signal.SIGTERM, "1"),
+        ("async", signal.SIGTERM, "1"),
+        ("async", signal.SIGINT, "1"),
+        ("async", signal.SIGTERM, "2"),  # The supervisor's children end as quickly.
     ],
 )
-def test_the_first_signal_ends_a_worker_whose_handler_ignores_it(procs, tmp_path, kind, sig):
+def test_the_first_signal_ends_a_worker_whose_handler_ignores_it(
+    procs, tmp_path, kind, sig, processes
+):
     job = STUCK[kind]()
-    proc = worker(procs, tmp_path, "w", "--concurrency", "2", "--shutdown-timeout", "1")
+    proc = worker(
+        procs, tmp_path, "w", "--concurrency", "2", "--shutdown-timeout", "1",
+        "--processes", processes,
+    )  # fmt: skip
     wait_until(lambda: Effect.objects.filter(label="stuck").exists())  # A slot runs it.
     sent = time.monotonic()
     os.kill(proc.pid, sig)

@@ -141,15 +141,12 @@ class Command(BaseCommand):
             cron=not options["no_cron"],
         )
         if options["processes"] == 1:
-            worker = Worker(worker_options)
-            code = worker.run()
-            if handlers := worker.slots.in_handlers():
-                exit_process(code, handlers)  # Never waits for a stuck handler thread.
+            code = run_worker(worker_options)
         else:
             child_options = replace(worker_options, stop_signals=(signal.SIGTERM,))
             code = Supervisor(
                 options["processes"],
-                lambda slot: Worker(child_options).run(),
+                lambda slot: run_worker(child_options),
                 burst=options["burst"],
             ).run()
         sys.exit(code)
@@ -165,6 +162,15 @@ class Command(BaseCommand):
         if not isinstance(backend, ConveyorBackend):
             raise CommandError(f"Task backend {alias!r} is not a ConveyorBackend.")
         return set(backend.queues)
+
+
+def run_worker(options: WorkerOptions) -> int:
+    """Run one worker process; never wait for a handler thread that is stuck."""
+    worker = Worker(options)
+    code = worker.run()
+    if handlers := worker.slots.in_handlers():
+        exit_process(code, handlers)
+    return code
 
 
 def configure_logging(verbosity: int) -> None:
