@@ -15,7 +15,7 @@ to its block; a job whose block committed is completed, not handed back.
 Python cannot stop a thread, so a handler that ignores its timeout (a
 sleep loop, a busy loop, a CPU loop inside an async handler's event loop)
 may still run once its lease is handed back. It does not keep the process
-alive: the command then ends it with `exit_process`, without waiting for
+alive: the command then ends it (`run_to_exit`), without waiting for
 handler threads, so the first signal ends a worker within about the
 shutdown timeout, whatever its handlers do.
 
@@ -110,6 +110,14 @@ def hand_back(worker: Worker, helds: list[HeldLease], *, reason: str) -> None:
     except psycopg.Error as exc:
         worker.connection.drop()
         logger.warning("could not hand back leases (%s): they will expire and be reaped", exc)
+
+
+def run_to_exit(worker: Worker) -> int:
+    """Run the worker of this process; past stuck handler threads, end the process now."""
+    code = worker.run()
+    if handlers := worker.slots.in_handlers():
+        exit_process(code, handlers)
+    return code
 
 
 def exit_process(code: int, handlers: int) -> NoReturn:

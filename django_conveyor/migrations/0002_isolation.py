@@ -14,7 +14,7 @@ class Migration(migrations.Migration):
     atomic = False
 
     dependencies = [
-        ("conveyor", "0004_api_keys"),
+        ("conveyor", "0005_indexes"),
     ]
 
     operations = [

@@ -196,3 +196,9 @@ async def async_sleeper(label, seconds):
         await sync_to_async(Effect.objects.create)(job_id=0, token=0, worker="", label=label)
         raise
     return "slept"
+
+
+@task()
+def enqueues_child(key):
+    """Enqueues add(1, 2) under an idempotency key: a second run replays it."""
+    return add.using(idempotency_key=key).enqueue(1, 2).id
