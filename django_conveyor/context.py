@@ -78,6 +78,13 @@ class JobContext(TaskContext):
         reaper (which skips locked rows) cannot take the job back while the
         block runs. Raises LeaseLost, with nothing committed, when the token
         no longer holds the job.
+
+        The transaction is bounded by the worker's lease: PostgreSQL cancels a
+        statement in it that runs longer than one lease, and ends the
+        transaction (closing the connection) when the block goes a lease
+        without a statement, so a worker frozen inside it cannot hold the job
+        for ever. The job is then reaped and run again; the block's next
+        statement, and its commit, fail with nothing committed.
         """
         held = self.held
         connection = connections[self.database]
@@ -98,6 +105,7 @@ class JobContext(TaskContext):
     def _guarded(self, connection: Any) -> Iterator[None]:
         with transaction.atomic(using=self.database):
             with connection.cursor() as cursor:
+                protocol.bound_transaction(cursor, seconds=self.held.lease_seconds)
                 if not protocol.lock_for_effect(
                     cursor, job_id=self.job_id, owner=self.worker_id, version=self.token
                 ):

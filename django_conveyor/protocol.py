@@ -52,7 +52,10 @@ The clock. Leases are compared with the database's `now()`, never a
 worker's clock, so clock skew between hosts cannot break them. REAP takes
 back leases whose `lease_expires_at < now()`; it skips rows locked by a
 worker's guarded transaction, so a handler that holds the row lock in
-LOCK_FOR_EFFECT cannot lose the job between its check and its commit.
+LOCK_FOR_EFFECT cannot lose the job between its check and its commit. That
+lock must not outlive a worker that stopped: BOUND_TRANSACTION, the first
+statement of the guarded transaction, makes PostgreSQL end it when a
+statement runs, or the session sits idle, for longer than one lease.
 
 Invariants (checked by the spec, SPIN, the property tests and fault runs):
 at most one worker holds a valid lease on a job; an outcome is written only
@@ -113,12 +116,21 @@ FROM conveyor_job
 WHERE idempotency_key = ANY(%(keys)s)
 """
 
-_READY = """state = 'available'
+
+def _claim(which: str, limit: str) -> str:
+    """A claim statement: pick ready rows (`which` of them, up to `limit`), give each a token."""
+    return f"""
+WITH picked AS (
+    SELECT id FROM conveyor_job
+    WHERE state = 'available'
       AND queue = ANY(%(queues)s)
       AND run_after <= now()
-      AND queue <> ALL(ARRAY(SELECT name FROM conveyor_queue WHERE paused))"""
-
-_CLAIMED = """
+      AND queue <> ALL(ARRAY(SELECT name FROM conveyor_queue WHERE paused))
+      AND {which}
+    ORDER BY priority DESC, run_after, id
+    LIMIT {limit}
+    FOR UPDATE SKIP LOCKED
+)
 UPDATE conveyor_job AS j
 SET state = 'running',
     attempt = j.attempt + 1,
@@ -135,34 +147,20 @@ RETURNING j.id, j.task_path, j.args, j.kwargs, j.queue, j.backend, j.priority, j
           NULLIF(j.errors, '[]'::jsonb), j.isolated
 """
 
+
 # NOT isolated is a filter on the claim index (whose predicate is state alone):
 # isolated rows are few, and they wait for CLAIM_ISOLATED.
-CLAIM = f"""
-WITH picked AS (
-    SELECT id FROM conveyor_job
-    WHERE {_READY}
-      AND NOT isolated
-    ORDER BY priority DESC, run_after, id
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
-)
-{_CLAIMED}"""
+CLAIM = _claim("NOT isolated", "%(limit)s")
 
 # One job, in a statement of its own. The NOT EXISTS reads the worker's
 # running isolated rows (at most one) through conveyor_job_isolated_held_idx.
-CLAIM_ISOLATED = f"""
-WITH picked AS (
-    SELECT id FROM conveyor_job
-    WHERE {_READY}
-      AND isolated
+CLAIM_ISOLATED = _claim(
+    """isolated
       AND NOT EXISTS (
           SELECT 1 FROM conveyor_job AS mine
-          WHERE mine.state = 'running' AND mine.isolated AND mine.lease_owner = %(owner)s)
-    ORDER BY priority DESC, run_after, id
-    LIMIT 1
-    FOR UPDATE SKIP LOCKED
+          WHERE mine.state = 'running' AND mine.isolated AND mine.lease_owner = %(owner)s)""",
+    "1",
 )
-{_CLAIMED}"""
 
 _HELD = "FROM jsonb_to_recordset(%(held)s::jsonb) AS h(id bigint, version bigint"
 
@@ -219,11 +217,19 @@ _ERROR_ENTRY = """jsonb_build_array(h.error || jsonb_build_object(
         'attempt', j.attempt, 'worker', j.lease_owner, 'token', j.lease_version,
         'started_at', j.started_at, 'time', now()))"""
 
+# RETRY, SNOOZE and RELEASE hand a running job back; one with a cancel
+# request ends cancelled instead, so that it never runs again (as REAP does):
+# the handler may have ended before its worker's heartbeat told it.
+_HAND_BACK = "CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled' ELSE 'available' END"
+_HANDED_BACK_AT = "CASE WHEN j.cancel_requested_at IS NOT NULL THEN now() END"
+
 RETRY = f"""
 UPDATE conveyor_job AS j
-SET state = CASE WHEN j.attempt >= j.max_attempts THEN 'dead' ELSE 'available' END,
+SET state = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
+                 WHEN j.attempt >= j.max_attempts THEN 'dead' ELSE 'available' END,
     run_after = now() + make_interval(secs => h.delay),
-    finished_at = CASE WHEN j.attempt >= j.max_attempts THEN now() END,
+    finished_at = CASE WHEN j.cancel_requested_at IS NOT NULL
+                         OR j.attempt >= j.max_attempts THEN now() END,
     errors = j.errors || {_ERROR_ENTRY},
     lease_owner = NULL, lease_expires_at = NULL, isolated = false
 {_HELD}, delay float8, error jsonb)
@@ -244,7 +250,7 @@ RETURNING j.id
 
 SNOOZE = f"""
 UPDATE conveyor_job AS j
-SET state = 'available', attempt = j.attempt - 1,
+SET state = {_HAND_BACK}, finished_at = {_HANDED_BACK_AT}, attempt = j.attempt - 1,
     run_after = now() + make_interval(secs => h.delay), lease_owner = NULL, lease_expires_at = NULL,
     isolated = false
 {_HELD}, delay float8)
@@ -256,11 +262,25 @@ RETURNING j.id
 # The handler did not finish: an isolated job stays isolated.
 RELEASE = f"""
 UPDATE conveyor_job AS j
-SET state = 'available', attempt = j.attempt - 1, lease_owner = NULL, lease_expires_at = NULL
+SET state = {_HAND_BACK}, finished_at = {_HANDED_BACK_AT}, attempt = j.attempt - 1,
+    lease_owner = NULL, lease_expires_at = NULL
 {_HELD})
 WHERE j.id = h.id AND j.state = 'running'
   AND j.lease_owner = %(owner)s AND j.lease_version = h.version
 RETURNING j.id
+"""
+
+# The bound on a guarded transaction (context.atomic()), set before its lock.
+# A worker frozen (SIGSTOP) or hung inside it would otherwise keep the job's
+# row lock, which REAP skips, for ever. PostgreSQL cancels a statement that
+# runs longer than statement_timeout (the transaction aborts and its locks
+# go at once) and terminates a session idle in its transaction for longer
+# than idle_in_transaction_session_timeout (rolled back, locks released, the
+# zombie's next statement and its commit fail). is_local: both settings end
+# with the transaction, as SET LOCAL, so they also hold behind a pooler.
+BOUND_TRANSACTION = """
+SELECT set_config('statement_timeout', %(ms)s, true),
+       set_config('idle_in_transaction_session_timeout', %(ms)s, true)
 """
 
 # A cancel request refuses the lock: no effect commits after an operator's cancel.
@@ -289,7 +309,7 @@ SET state = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
     lease_owner = NULL,
     lease_expires_at = NULL,
     -- It may have killed its worker: back to available, it runs alone.
-    isolated = j.isolated OR (j.cancel_requested_at IS NULL AND j.attempt < j.max_attempts),
+    isolated = (j.cancel_requested_at IS NULL AND j.attempt < j.max_attempts),
     errors = j.errors || jsonb_build_array(jsonb_build_object(
         'attempt', j.attempt, 'worker', j.lease_owner, 'token', j.lease_version,
         'started_at', j.started_at,
@@ -692,6 +712,11 @@ def release(cursor: Cursor, *, owner: str, held: Iterable[tuple[int, int]]) -> s
     return _guarded(cursor, RELEASE, owner, rows)
 
 
+def bound_transaction(cursor: Cursor, *, seconds: float) -> None:
+    """End this transaction if a statement runs, or it idles, for longer than `seconds`."""
+    cursor.execute(BOUND_TRANSACTION, {"ms": str(max(1, round(seconds * 1000)))})
+
+
 def lock_for_effect(cursor: Cursor, *, job_id: int, owner: str, version: int) -> bool:
     """Lock the job row for the caller's transaction if the token still holds it.
 
@@ -842,6 +867,7 @@ ACTIONS = {
     "REAP": reap,
     "REQUEUE": requeue,
     "CANCEL": cancel,
+    "PRUNE": prune,
     "REQUEST_CANCEL": request_cancel,
     "CANCEL_HELD": cancel_held,
     "CRON_ENQUEUE": cron_enqueue,

@@ -152,7 +152,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         for row in reaped:
             job = self.jobs[row.id]
             job.state = "dead" if job.attempt >= job.max_attempts else "available"
-            job.isolated = job.isolated or job.state == "available"
+            job.isolated = job.state == "available"  # Set exactly when it goes back.
             job.expired = False
             assert row.state == job.state
             assert (row.owner, row.version) == (job.owner, job.version), "REAP names the loser"

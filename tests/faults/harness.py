@@ -28,13 +28,17 @@ from tests.pgbouncer.bouncer import (
 )
 
 from . import pg, verify
-from .injectors import Injector, Kill9, PgRestart, SigStop
+from .injectors import Injector, Kill9, PgRestart, SigStop, SigStopInAtomic
 from .proxy import FaultProxy
 from .workers import WorkerPool
 
 logger = logging.getLogger("faults")
 
 SCENARIOS = ("kill9", "sigstop", "pg-restart", "network")
+# Not part of "all": a worker frozen inside context.atomic() and never continued
+# (until the end), which only the bound on the guarded transaction resolves.
+ATOMIC = "sigstop-atomic"
+ATOMIC_INSIDE_SECONDS = (0.3, 1.2)  # Its default --inside: long enough to be caught there.
 POOLER_MODES = ("poll-only", "listener-dsn")
 LATENCY_SECONDS = 0.030
 DROP_RATE = 0.05
@@ -67,7 +71,7 @@ class Params:
 
 def parse_args(argv: list[str] | None) -> Params:
     parser = argparse.ArgumentParser(description="Run a fault-injection scenario.")
-    parser.add_argument("--scenario", required=True, choices=[*SCENARIOS, "all"])
+    parser.add_argument("--scenario", required=True, choices=[*SCENARIOS, ATOMIC, "all"])
     parser.add_argument("--jobs", type=int, default=60)
     parser.add_argument("--out", type=Path, required=True, help="Folder for fault-NAME.json.")
     parser.add_argument("--workers", type=int, default=3, help="Worker processes (default 3).")
@@ -75,8 +79,9 @@ def parse_args(argv: list[str] | None) -> Params:
     parser.add_argument("--seed", type=int, default=None, help="Seed for jobs and faults.")
     parser.add_argument("--work", type=float, nargs=2, default=(0.1, 1.0), metavar=("MIN", "MAX"))
     parser.add_argument(
-        "--inside", type=float, nargs=2, default=(0.0, 0.05), metavar=("MIN", "MAX")
-    )
+        "--inside", type=float, nargs=2, default=None, metavar=("MIN", "MAX"),
+        help=f"Default 0 0.05 ({ATOMIC}: {ATOMIC_INSIDE_SECONDS[0]} {ATOMIC_INSIDE_SECONDS[1]}).",
+    )  # fmt: skip
     parser.add_argument("--timeout", type=float, default=None, help="Deadline in seconds.")
     parser.add_argument("--keep", type=Path, default=None, help="Copy worker logs here.")
     parser.add_argument(
@@ -89,6 +94,8 @@ def parse_args(argv: list[str] | None) -> Params:
     args = parser.parse_args(argv)
     if args.jobs < 1 or args.workers < 2 or args.concurrency < 1:
         parser.error("--jobs and --concurrency must be 1 or more, --workers 2 or more.")
+    if args.inside is None:
+        args.inside = ATOMIC_INSIDE_SECONDS if args.scenario == ATOMIC else (0.0, 0.05)
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**31)
     slots = args.workers * args.concurrency
     timeout = args.timeout or 60 + 4 * args.jobs * sum(args.work) / 2 / slots
@@ -206,7 +213,7 @@ class Run:
         self.start_injectors()
         settled_at = self.wait_for_final(started)
         self.stop_injectors()
-        if "sigstop" in p.faults:
+        if "sigstop" in p.faults or ATOMIC in p.faults:
             # A zombie thawed just now still has handlers asleep: let them wake
             # and report (and be refused) before SIGTERM ends the process.
             time.sleep(p.work_seconds[1] + p.inside_seconds[1] + 1.0)
@@ -220,7 +227,13 @@ class Run:
         facts = verify.read_logs(sorted(self.log_dir.glob("*.log")))
         with pg.connect(self.pg_port) as conn:
             figures = verify.check(conn, p.jobs, facts)
-        failed = verify.failures(figures, require_stale=p.scenario == "sigstop")
+        failed = verify.failures(figures, require_stale=p.scenario in ("sigstop", ATOMIC))
+        if ATOMIC in p.faults:
+            with pg.connect(self.pg_port) as conn:
+                figures["frozen_inside_atomic"] = verify.frozen_inside_atomic(
+                    conn, self.atomic_freezes()
+                )
+            failed += verify.atomic_failures(figures["frozen_inside_atomic"])
         if self.bouncer:
             logs = [*sorted(self.log_dir.glob("*.log")), self.bouncer.log]
             errors = session_state_errors(logs)  # Handlers' errors are only in the jobs' rows:
@@ -297,6 +310,15 @@ class Run:
             self.injectors.append(
                 SigStop(rng=rng(), lease_seconds=LEASE_SECONDS, **common, **worker)
             )
+        if ATOMIC in self.params.faults:
+            from .tasks import IN_ATOMIC
+
+            freezes = min(16, max(3, self.params.jobs // 60))  # Frozen processes pile up.
+            self.injectors.append(
+                SigStopInAtomic(
+                    rng=rng(), prefix=IN_ATOMIC, max_freezes=freezes, **common, **worker
+                )
+            )
         if "pg-restart" in self.params.faults:
             self.injectors.append(
                 PgRestart(rng=rng(), data_dir=self.data_dir, port=self.pg_port, **common)
@@ -319,6 +341,9 @@ class Run:
                     return elapsed
             time.sleep(MONITOR_SECONDS)
         return None
+
+    def atomic_freezes(self) -> list[dict[str, Any]]:
+        return [h for i in self.injectors if isinstance(i, SigStopInAtomic) for h in i.held]
 
     def stop_injectors(self) -> None:
         self.stop_faults.set()

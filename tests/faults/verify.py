@@ -11,6 +11,7 @@ import re
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -159,4 +160,60 @@ def failures(figures: dict[str, Any], *, require_stale: bool) -> list[str]:
         failed.append(f"{figures['missing_effects']} completed job(s) have no effect.")
     if require_stale and not figures["stale_outcomes_rejected"]:
         failed.append("No stale outcome was rejected: the zombies never came back to write.")
+    return failed
+
+
+LEASE_LOST = "django_conveyor.exceptions.LeaseLost"
+FROZEN_JOBS = "SELECT id, state, lease_version, errors FROM conveyor_job WHERE id = ANY(%(ids)s)"
+
+
+def frozen_inside_atomic(conn: psycopg.Connection, freezes: list[dict[str, Any]]) -> dict[str, Any]:
+    """For each worker frozen inside its guarded transaction: was the job taken back, and when?
+
+    `at` is the database's clock at the freeze; the reaper's error entry for
+    the frozen token carries the database's clock when it took the job back.
+    """
+    ids = sorted({f["job"] for f in freezes})
+    rows = {r[0]: r[1:] for r in conn.execute(FROZEN_JOBS, {"ids": ids}).fetchall()}
+    reaped_after: list[float] = []
+    committed, not_reaped = [], []
+    for f in freezes:
+        state, final_token, errors = rows[f["job"]]
+        if state == "completed" and final_token == f["token"]:
+            committed.append(f["job"])  # The frozen attempt's own commit landed.
+            continue
+        entry = next(
+            (e for e in errors if e.get("token") == f["token"]
+             and e.get("exception_class_path") == LEASE_LOST), None,
+        )  # fmt: skip
+        if entry is None:
+            not_reaped.append(f["job"])
+            continue
+        taken = datetime.fromisoformat(entry["time"]) - f["at"]
+        reaped_after.append(round(taken.total_seconds(), 2))
+    reaped_after.sort()
+    return {
+        "freezes": len(freezes),
+        "reaped": len(reaped_after),
+        "frozen_attempt_committed": committed,
+        "not_reaped": not_reaped,
+        "reaped_after_s": {
+            "min": reaped_after[0] if reaped_after else None,
+            "median": reaped_after[len(reaped_after) // 2] if reaped_after else None,
+            "max": reaped_after[-1] if reaped_after else None,
+        },
+    }
+
+
+def atomic_failures(frozen: dict[str, Any]) -> list[str]:
+    failed = []
+    if not frozen["freezes"]:
+        failed.append("No worker was frozen inside context.atomic().")
+    if frozen["frozen_attempt_committed"]:
+        failed.append(
+            f"Jobs {frozen['frozen_attempt_committed']} waited for their frozen worker and were "
+            "completed by it when it was continued: the guarded transaction was not bounded."
+        )
+    if frozen["not_reaped"]:
+        failed.append(f"Jobs frozen inside context.atomic() never reaped: {frozen['not_reaped']}.")
     return failed

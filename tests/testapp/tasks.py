@@ -2,6 +2,7 @@
 
 import os
 import time
+from pathlib import Path
 
 from django.db import transaction
 
@@ -54,6 +55,26 @@ def slow_apply_once(context, label, seconds):
             job_id=context.job_id, token=context.token, worker=context.worker_id, label=label
         )
         context.record_effect(label)
+    return {"attempt": context.attempt, "pid": os.getpid()}
+
+
+@task(takes_context=True)
+def dwell_in_atomic(context, label, marker, seconds):
+    """Applies once; its first attempt then stays `seconds` inside the guarded transaction.
+
+    It writes `marker` when it is in there, so a test can freeze its worker at
+    that moment, holding the job's row lock.
+    """
+    with context.atomic():
+        Effect.objects.create(
+            job_id=context.job_id, token=context.token, worker=context.worker_id, label=label
+        )
+        context.record_effect(label)
+        if context.attempt == 1:
+            Path(marker).write_text(str(os.getpid()))
+            deadline = time.monotonic() + seconds
+            while time.monotonic() < deadline:
+                time.sleep(0.05)
     return {"attempt": context.attempt, "pid": os.getpid()}
 
 
