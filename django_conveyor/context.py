@@ -18,6 +18,7 @@ from django.db import connections, transaction
 from . import ledger, protocol
 from .compat import TaskContext
 from .exceptions import LeaseLost
+from .results import ConveyorTaskResult, result_from_job
 
 if TYPE_CHECKING:
     from .leases import HeldLease
@@ -26,6 +27,19 @@ if TYPE_CHECKING:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class JobContext(TaskContext):
     held: HeldLease = field(repr=False)  # The worker's lease, shared with its control loop.
+    _loaded: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def dependency_results(self) -> dict[str, ConveyorTaskResult]:
+        """The results of the jobs this one depends on, by result id, in id order.
+
+        Read with one query, on first use, however many dependencies there
+        are. A dependency's `return_value` is there when it completed; with
+        `dependency_policy="run"`, check `status` (or `state`) first.
+        """
+        if "dependencies" not in self._loaded:
+            self._loaded["dependencies"] = dependency_results(self.database, self.job_id)
+        return self._loaded["dependencies"]
 
     @property
     def attempt(self) -> int:
@@ -133,3 +147,14 @@ class JobContext(TaskContext):
             worker=self.worker_id,
             effect_key=effect_key,
         )
+
+
+def dependency_results(database: str, job_id: int) -> dict[str, ConveyorTaskResult]:
+    """The results of every job `job_id` depends on, by result id: one query."""
+    from .models import Dependency, Job
+
+    jobs = Job.objects.using(database).filter(
+        pk__in=Dependency.objects.using(database).filter(job_id=job_id).values("depends_on_id")
+    )
+    results = (result_from_job(job, database=database) for job in jobs.order_by("id"))
+    return {result.id: result for result in results}

@@ -14,7 +14,7 @@ class Migration(migrations.Migration):
     atomic = False
 
     dependencies = [
-        ("conveyor", "0005_indexes"),
+        ("conveyor", "0006_workflows"),
     ]
 
     operations = [

@@ -45,6 +45,9 @@ DROP_RATE = 0.05
 FAULT_WINDOW = 0.7  # Faults stop at this fraction of the deadline, to let the rest settle.
 MONITOR_SECONDS = 0.5
 ALL_PACE = 3.0  # Together, each fault strikes this many times less often.
+# A fault run's workflow: a, then b and c side by side, then d after both, then e.
+WORKFLOW_SHAPE = {"a": (), "b": ("a",), "c": ("a",), "d": ("b", "c"), "e": ("d",)}
+WORKFLOW_STEPS = len(WORKFLOW_SHAPE)
 
 NOT_FINAL = "SELECT count(*) FROM conveyor_job WHERE state <> ALL(%(final)s)"
 TRACEBACKS = "SELECT id, e->>'traceback' FROM conveyor_job, jsonb_array_elements(errors) AS e"
@@ -63,6 +66,7 @@ class Params:
     out: Path
     keep: Path | None
     pgbouncer: str | None  # Workers behind PgBouncer: "poll-only" or "listener-dsn".
+    workflows: int = 0  # Five-step workflows instead of single jobs (jobs = 5 x workflows).
 
     @property
     def faults(self) -> tuple[str, ...]:
@@ -91,7 +95,16 @@ def parse_args(argv: list[str] | None) -> Params:
         help="Put the workers behind a PgBouncer in transaction mode, polling only "
         "(--poll-only) or listening on a direct connection (LISTENER_DSN).",
     )
+    parser.add_argument(
+        "--workflows",
+        type=int,
+        default=0,
+        metavar="N",
+        help="Enqueue N five-step workflows (5 N jobs) instead of --jobs single jobs.",
+    )
     args = parser.parse_args(argv)
+    if args.workflows:
+        args.jobs = WORKFLOW_STEPS * args.workflows
     if args.jobs < 1 or args.workers < 2 or args.concurrency < 1:
         parser.error("--jobs and --concurrency must be 1 or more, --workers 2 or more.")
     if args.inside is None:
@@ -111,6 +124,7 @@ def parse_args(argv: list[str] | None) -> Params:
         out=args.out,
         keep=args.keep,
         pgbouncer=args.pgbouncer,
+        workflows=args.workflows,
     )
 
 
@@ -131,7 +145,8 @@ def main(argv: list[str] | None = None) -> int:
                 shutil.copy(log, params.keep / log.name)
         shutil.rmtree(work, ignore_errors=True)
     params.out.mkdir(parents=True, exist_ok=True)
-    path = params.out / f"fault-{params.scenario}.json"
+    name = f"{params.scenario}-workflows" if params.workflows else params.scenario
+    path = params.out / f"fault-{name}.json"
     path.write_text(json.dumps(result, indent=2, sort_keys=False) + "\n")
     summary = {
         k: result[k]
@@ -227,6 +242,9 @@ class Run:
         facts = verify.read_logs(sorted(self.log_dir.glob("*.log")))
         with pg.connect(self.pg_port) as conn:
             figures = verify.check(conn, p.jobs, facts)
+        if p.workflows:
+            with pg.connect(self.pg_port) as conn:
+                figures["workflows"] = verify.check_workflows(conn, p.workflows)
         failed = verify.failures(figures, require_stale=p.scenario in ("sigstop", ATOMIC))
         if ATOMIC in p.faults:
             with pg.connect(self.pg_port) as conn:
@@ -268,6 +286,8 @@ class Run:
         connections.close_all()
 
     def enqueue(self) -> None:
+        if self.params.workflows:
+            return self.enqueue_workflows()
         from django_conveyor import protocol
 
         from .settings import CONVEYOR, QUEUE
@@ -291,6 +311,36 @@ class Run:
         ]
         with pg.connect(self.pg_port) as conn, conn.transaction(), conn.cursor() as cur:
             protocol.enqueue(cur, jobs, notify=True)
+
+    def enqueue_workflows(self) -> None:
+        """Every workflow in one transaction, one ENQUEUE per step name (in dependency order)."""
+        from django_conveyor import protocol
+
+        from .settings import CONVEYOR, QUEUE
+        from .tasks import STEP_PATH
+
+        p = self.params
+        ids: dict[tuple[int, str], int] = {}
+        with pg.connect(self.pg_port) as conn, conn.transaction(), conn.cursor() as cur:
+            for step, after in WORKFLOW_SHAPE.items():
+                jobs = [
+                    protocol.NewJob(
+                        task_path=STEP_PATH,
+                        args=[
+                            round(self.rng.uniform(*p.work_seconds), 3),
+                            round(self.rng.uniform(*p.inside_seconds), 3),
+                        ],
+                        kwargs={"workflow": w, "step": step},
+                        queue=QUEUE,
+                        backend="default",
+                        priority=0,
+                        max_attempts=int(CONVEYOR["MAX_ATTEMPTS"]),
+                        depends_on=tuple(ids[w, a] for a in after),
+                    )
+                    for w in range(p.workflows)
+                ]
+                for w, row in enumerate(protocol.enqueue(cur, jobs, notify=True)):
+                    ids[w, step] = row.id
 
     def start_injectors(self) -> None:
         assert self.pool is not None
@@ -411,6 +461,8 @@ class Run:
                 "network_latency_s": LATENCY_SECONDS if "network" in p.faults else None,
                 "network_drop_rate": DROP_RATE if "network" in p.faults else None,
                 "pgbouncer": p.pgbouncer,
+                "workflows": p.workflows or None,
+                "workflow_shape": WORKFLOW_SHAPE if p.workflows else None,
             },
             "faults_injected": faults,
             "final_jobs_over_time": self.progress[:: max(1, len(self.progress) // 20)],

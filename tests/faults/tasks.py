@@ -6,7 +6,7 @@ import time
 
 from django.db import connection
 
-from django_conveyor import task
+from django_conveyor import Discard, task
 from django_conveyor.context import JobContext
 from tests.testapp.models import Effect
 
@@ -38,3 +38,21 @@ def apply_effect(context: JobContext, work_seconds: float, inside_seconds: float
         context.record_effect(EFFECT_KEY)
         time.sleep(inside_seconds)
     return context.token
+
+
+STEP_PATH = "tests.faults.tasks.workflow_step"
+
+
+@task(takes_context=True, queue_name=QUEUE)
+def workflow_step(
+    context: JobContext, work_seconds: float, inside_seconds: float, workflow: int, step: str
+) -> int:
+    """One step of a fault run's workflow: `apply_effect`, after checking its dependencies.
+
+    A step that finds a dependency not completed is discarded (`failed`), which
+    the run counts as a failure: it would have run too early.
+    """
+    early = [r.id for r in context.dependency_results.values() if r.state != "completed"]
+    if early:
+        raise Discard(f"step {step} of workflow {workflow} ran before {early} completed")
+    return apply_effect.func(context, work_seconds, inside_seconds)

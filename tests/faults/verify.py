@@ -56,6 +56,29 @@ WHERE (l.id IS NOT NULL OR e.id IS NOT NULL)
        OR (e.id IS NOT NULL AND (e.token <> j.lease_version OR e.worker <> j.lease_owner)))
 """
 
+# Edges whose dependent wrote its effect before its dependency wrote its own
+# (or without it). Ids come from a sequence at insert time, and a dependent
+# inserts only after it was claimed, after its dependency's commit. Attempts
+# that ran early and were rolled back are caught by the handler itself: it
+# is discarded when its dependency_results show an unfinished dependency.
+EARLY_STEPS = """
+WITH firsts AS (
+    SELECT job_id, min(id) AS first, max(id) AS last FROM testapp_effect GROUP BY job_id
+)
+SELECT count(*) FROM conveyor_dependency AS d
+JOIN firsts AS j ON j.job_id = d.job_id
+LEFT JOIN firsts AS p ON p.job_id = d.depends_on_id
+WHERE p.last IS NULL OR j.first < p.last
+"""
+
+WORKFLOWS_COMPLETED = """
+SELECT count(*) FROM (
+    SELECT kwargs->>'workflow' FROM conveyor_job
+    GROUP BY kwargs->>'workflow'
+    HAVING bool_and(state = 'completed') AND count(*) = %(steps)s
+) AS done
+"""
+
 FINAL_TOKENS = "SELECT id, state, lease_version FROM conveyor_job WHERE id = ANY(%(ids)s)"
 
 # A refused outcome: the fence rejected it, or the worker knew its lease was gone,
@@ -127,6 +150,20 @@ def check(conn: psycopg.Connection, jobs: int, facts: LogFacts) -> dict[str, Any
     return figures
 
 
+def check_workflows(conn: psycopg.Connection, workflows: int) -> dict[str, Any]:
+    """Workflow mode: every workflow completed, and no step ran before its dependencies."""
+    steps = conn.execute("SELECT count(*) FROM conveyor_job").fetchone()[0] // workflows  # type: ignore[index]
+    (completed,) = conn.execute(WORKFLOWS_COMPLETED, {"steps": steps}).fetchone()  # type: ignore[misc]
+    (early,) = conn.execute(EARLY_STEPS).fetchone()  # type: ignore[misc]
+    (edges,) = conn.execute("SELECT count(*) FROM conveyor_dependency").fetchone()  # type: ignore[misc]
+    return {
+        "workflows": workflows,
+        "workflows_completed": completed,
+        "dependency_edges": edges,
+        "steps_before_their_dependencies": early,
+    }
+
+
 def confirm_stale(conn: psycopg.Connection, stale: set[tuple[int, int]]) -> int:
     """Refusals the data agrees with: a newer token took the job, or it was already final.
 
@@ -158,6 +195,16 @@ def failures(figures: dict[str, Any], *, require_stale: bool) -> list[str]:
         failed.append(f"{figures['fencing_violations']} job(s) have an effect from a stale token.")
     if figures["missing_effects"]:
         failed.append(f"{figures['missing_effects']} completed job(s) have no effect.")
+    if (flows := figures.get("workflows")) is not None:
+        if flows["workflows_completed"] != flows["workflows"]:
+            failed.append(
+                f"{flows['workflows'] - flows['workflows_completed']} workflow(s) did not complete."
+            )
+        if flows["steps_before_their_dependencies"]:
+            failed.append(
+                f"{flows['steps_before_their_dependencies']} step(s) ran before a dependency "
+                "completed."
+            )
     if require_stale and not figures["stale_outcomes_rejected"]:
         failed.append("No stale outcome was rejected: the zombies never came back to write.")
     return failed
