@@ -14,7 +14,7 @@ class Migration(migrations.Migration):
     atomic = False
 
     dependencies = [
-        ("conveyor", "0006_workflows"),
+        ("conveyor", "0007_claim_by_queue"),
     ]
 
     operations = [
