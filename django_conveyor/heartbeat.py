@@ -3,9 +3,11 @@
 A job missing from the statement's result has been taken from this worker
 (reaped after its lease expired, so claimed by another token): its handler
 is told (`context.lease_held()` turns false) and its outcome will not be
-written. A job whose row is locked by its own handler's open
-`context.atomic()` is skipped by the statement (SKIP LOCKED) but not lost:
-the lock itself keeps the reaper off it.
+written. A job whose row is locked is skipped by the statement (SKIP
+LOCKED) but not lost: its own handler's open `context.atomic()` holds the
+lock (which keeps the reaper off), or another worker's claim looked at the
+row and let it go. The statement is then followed by a plain read of the
+missed rows, and those still carrying this worker's token are held.
 
 The same pass is where the worker learns what else the database wants of
 the jobs it holds: cancel requests (issue 14) arrive with the renewal and
@@ -62,6 +64,8 @@ class Heartbeat:
             current = self.leases.held.get(job_id)
             if current is None or current.lease.version != version or job_id in renewed:
                 continue  # Renewed, or its outcome was written meanwhile.
+            if job_id in renewed.locked:
+                continue  # Another transaction has the row locked; the token still holds.
             if current.in_atomic or current.completed_in_atomic:
                 continue  # Its own guarded block holds the row: not lost.
             self.leases.lose(current, "heartbeat found the lease gone")

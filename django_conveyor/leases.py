@@ -149,6 +149,10 @@ class Leases:
             (h.lease.id, h.lease.version) for h in self.held.values() if not h.completed_in_atomic
         ]
 
+    def holds_isolated(self) -> bool:
+        """A lease from CLAIM_ISOLATED is held: nothing may be claimed ahead beside it."""
+        return any(h.lease.isolated for h in self.held.values())
+
     def statements(self) -> int:
         """How many statements writing `pending` takes (one per kind)."""
         return len({o.kind for o in self.pending.values()})

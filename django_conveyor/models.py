@@ -50,6 +50,10 @@ class Job(models.Model):
     # A cancel request on a running job (REQUEST_CANCEL); REQUEUE clears it.
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
     cancel_requested_by = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
+    # Crash containment: REAP sets it on a job whose lease expired, which CLAIM
+    # then leaves to CLAIM_ISOLATED (one per worker, without claim-ahead
+    # siblings) until an outcome of its handler is written. REQUEUE clears it.
+    isolated = models.BooleanField(default=False, db_default=False)
     # Workflows (docs/workflows.md): dependencies not yet satisfied, and what
     # a failed dependency does to this job. Database defaults cover every INSERT.
     pending_dependencies = models.IntegerField(default=0, db_default=0)
@@ -77,6 +81,21 @@ class Job(models.Model):
                 "id",
                 name="conveyor_job_claim_idx",
                 condition=Q(state="available"),
+            ),
+            # CLAIM_ISOLATED's path: the few reaped jobs waiting to run alone.
+            # CLAIM filters them out of the claim index above (NOT isolated).
+            models.Index(
+                models.F("priority").desc(),
+                "run_after",
+                "id",
+                name="conveyor_job_isolated_idx",
+                condition=Q(state="available", isolated=True),
+            ),
+            # CLAIM_ISOLATED's guard: does this worker run an isolated job? (one row at most)
+            models.Index(
+                "lease_owner",
+                name="conveyor_job_isolated_held_idx",
+                condition=Q(state="running", isolated=True),
             ),
             # The claim path of a worker of one queue: its own ready rows in
             # claim order, however many rows of other queues come first.

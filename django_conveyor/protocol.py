@@ -11,6 +11,7 @@ States and the only transitions (DESIGN §3)::
     blocked --CANCEL_DEPENDENTS (with a dependency's FAIL / dead / CANCEL)--> cancelled
     cancelled by a dependency --REBLOCK_DEPENDENTS (with that REQUEUE)--> blocked
     available --CLAIM--> running --COMPLETE--> completed
+    available, isolated --CLAIM_ISOLATED--> running (one per worker, alone)
     available <--RETRY / SNOOZE / RELEASE / REAP-- running
     running --FAIL--> failed      running --RETRY / REAP (attempts used)--> dead
     blocked / available --CANCEL--> cancelled
@@ -36,6 +37,16 @@ to the holder, which stops the handler and writes CANCEL_HELD under its
 token, so the handler's own outcome then matches zero rows. From the request
 on, LOCK_FOR_EFFECT refuses the job (no effect commits after a cancel), and
 a lease that expires instead is reaped to `cancelled`. REQUEUE clears it.
+
+Crash containment. A job whose lease expired may have killed its worker,
+and the jobs claimed with it died too. So REAP marks a job it returns to
+`available` as `isolated`: CLAIM never takes it again; CLAIM_ISOLATED
+takes it, one at a time, for a worker that holds no other isolated job
+(and, on the worker's side, no claimed job that has not started). The mark
+stays until an outcome of its handler is written (COMPLETE, RETRY, FAIL,
+SNOOZE, CANCEL_HELD clear it); RELEASE keeps it; REQUEUE clears it. A
+crasher thus dies alone after its first crash, and ends `dead` with its
+own attempts, while the jobs reaped with it complete.
 
 Workflows. A job with dependencies (`conveyor_dependency`) is `blocked`
 while `pending_dependencies`, the count of dependencies not yet satisfied,
@@ -152,6 +163,7 @@ FROM conveyor_job
 WHERE idempotency_key = ANY(%(keys)s)
 """
 
+
 # Both halves keep their cost in proportion to the batch, not the table:
 # - the paused queues are taken out of the worker's list once, before the
 #   scan, so it walks conveyor_job_claim_idx in claim order and stops after
@@ -165,7 +177,9 @@ WHERE idempotency_key = ANY(%(keys)s)
 #   where a join to the CTE may become a hash join over the whole table once
 #   the batch is a few hundred rows;
 # - the claimed rows come back in claim order, sorting only the batch.
-CLAIM = """
+def _claim(which: str, limit: str) -> str:
+    """A claim statement: pick ready rows (`which` of them, up to `limit`), give each a token."""
+    return f"""
 WITH picked AS (
     SELECT id FROM conveyor_job
     WHERE state = 'available'
@@ -175,8 +189,9 @@ WITH picked AS (
           WHERE NOT EXISTS (SELECT 1 FROM conveyor_queue AS q WHERE q.name = s.name AND q.paused)
       ))
       AND (cardinality(%(queues)s::text[]) <> 1 OR queue = (%(queues)s::text[])[1])
+      AND {which}
     ORDER BY priority DESC, run_after, id
-    LIMIT %(limit)s
+    LIMIT {limit}
     FOR UPDATE SKIP LOCKED
 ), claimed AS (
     UPDATE conveyor_job AS j
@@ -192,10 +207,25 @@ WITH picked AS (
 SELECT id, task_path, args, kwargs, queue, backend, priority, attempt, max_attempts,
        lease_version, idempotency_key, enqueued_at, started_at, lease_owner,
        extract(epoch FROM started_at - greatest(enqueued_at, run_after))::float8,
-       NULLIF(errors, '[]'::jsonb)
+       NULLIF(errors, '[]'::jsonb), isolated
 FROM claimed
 ORDER BY priority DESC, run_after, id
 """
+
+
+# NOT isolated is a filter on the claim index (whose predicate is state alone):
+# isolated rows are few, and they wait for CLAIM_ISOLATED.
+CLAIM = _claim("NOT isolated", "%(limit)s")
+
+# One job, in a statement of its own. The NOT EXISTS reads the worker's
+# running isolated rows (at most one) through conveyor_job_isolated_held_idx.
+CLAIM_ISOLATED = _claim(
+    """isolated
+      AND NOT EXISTS (
+          SELECT 1 FROM conveyor_job AS mine
+          WHERE mine.state = 'running' AND mine.isolated AND mine.lease_owner = %(owner)s)""",
+    "1",
+)
 
 _HELD = "FROM jsonb_to_recordset(%(held)s::jsonb) AS h(id bigint, version bigint"
 
@@ -218,10 +248,21 @@ WHERE j.id = renew.id
 RETURNING j.id, j.cancel_requested_at IS NOT NULL
 """
 
+# A plain read, no lock, only when HEARTBEAT missed some of the held rows:
+# SKIP LOCKED also skips a row that another worker's CLAIM has just locked
+# and then rejected (PostgreSQL keeps that lock until the claim commits).
+# A row that still carries this worker's token is held, not lost.
+STILL_HELD = """
+SELECT j.id FROM conveyor_job AS j
+JOIN jsonb_to_recordset(%(held)s::jsonb) AS h(id bigint, version bigint)
+  ON j.id = h.id AND j.lease_version = h.version
+WHERE j.state = 'running' AND j.lease_owner = %(owner)s
+"""
+
 COMPLETE = f"""
 UPDATE conveyor_job AS j
 SET state = 'completed', return_value = h.return_value, finished_at = now(),
-    lease_expires_at = NULL
+    lease_expires_at = NULL, isolated = false
 {_HELD}, return_value jsonb)
 WHERE j.id = h.id AND j.state = 'running'
   AND j.lease_owner = %(owner)s AND j.lease_version = h.version
@@ -365,7 +406,7 @@ SET state = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
     finished_at = CASE WHEN j.cancel_requested_at IS NOT NULL
                          OR j.attempt >= j.max_attempts THEN now() END,
     errors = j.errors || {_ERROR_ENTRY},
-    lease_owner = NULL, lease_expires_at = NULL
+    lease_owner = NULL, lease_expires_at = NULL, isolated = false
 {_HELD}, delay float8, error jsonb)
 WHERE j.id = h.id AND j.state = 'running'
   AND j.lease_owner = %(owner)s AND j.lease_version = h.version
@@ -375,7 +416,7 @@ RETURNING j.id, j.state
 FAIL = f"""
 UPDATE conveyor_job AS j
 SET state = 'failed', finished_at = now(), errors = j.errors || {_ERROR_ENTRY},
-    lease_owner = NULL, lease_expires_at = NULL
+    lease_owner = NULL, lease_expires_at = NULL, isolated = false
 {_HELD}, error jsonb)
 WHERE j.id = h.id AND j.state = 'running'
   AND j.lease_owner = %(owner)s AND j.lease_version = h.version
@@ -387,6 +428,7 @@ SNOOZE = f"""
 UPDATE conveyor_job AS j
 SET state = {_HAND_BACK}, finished_at = {_HANDED_BACK_AT}, attempt = j.attempt - 1,
     run_after = now() + make_interval(secs => h.delay), lease_owner = NULL, lease_expires_at = NULL,
+    isolated = false,
     history = CASE WHEN h.note IS NULL THEN j.history
                    ELSE j.history || {_history("snooze_capped", "h.note")} END
 {_HELD}, delay float8, note text)
@@ -395,6 +437,7 @@ WHERE j.id = h.id AND j.state = 'running'
 RETURNING j.id
 """
 
+# The handler did not finish: an isolated job stays isolated.
 RELEASE = f"""
 UPDATE conveyor_job AS j
 SET state = {_HAND_BACK}, finished_at = {_HANDED_BACK_AT}, attempt = j.attempt - 1,
@@ -443,6 +486,8 @@ SET state = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
     run_after = now(),
     lease_owner = NULL,
     lease_expires_at = NULL,
+    -- It may have killed its worker: back to available, it runs alone.
+    isolated = (j.cancel_requested_at IS NULL AND j.attempt < j.max_attempts),
     errors = j.errors || jsonb_build_array(jsonb_build_object(
         'attempt', j.attempt, 'worker', j.lease_owner, 'token', j.lease_version,
         'started_at', j.started_at,
@@ -468,7 +513,7 @@ UPDATE conveyor_job AS j
 SET state = CASE WHEN EXISTS (SELECT 1 FROM conveyor_dependency AS d WHERE d.job_id = j.id)
                  THEN 'blocked' ELSE 'available' END,
     attempt = 0, run_after = now(), finished_at = NULL,
-    lease_expires_at = NULL, return_value = NULL,
+    lease_expires_at = NULL, return_value = NULL, isolated = false,
     cancel_requested_at = NULL, cancel_requested_by = NULL,
     history = j.history || {_history("requeue", "'was ' || j.state")}
 WHERE j.id = ANY(%(ids)s) AND j.state IN ('failed', 'dead', 'cancelled')
@@ -517,7 +562,7 @@ SET state = 'cancelled', finished_at = now(),
     history = j.history || {
     _history("cancel_held", "'stopped while running, as ' || j.cancel_requested_by || ' asked'")
 },
-    lease_owner = NULL, lease_expires_at = NULL
+    lease_owner = NULL, lease_expires_at = NULL, isolated = false
 {_HELD})
 WHERE j.id = h.id AND j.state = 'running'
   AND j.lease_owner = %(owner)s AND j.lease_version = h.version
@@ -645,6 +690,7 @@ class Lease(NamedTuple):
     owner: str  # The fencing token's owner: the claiming worker's id.
     pickup_delay: float  # Seconds from when the job was due (enqueued or run_after) to now.
     errors: list[dict[str, Any]] | None  # Entries of earlier attempts; None when none.
+    isolated: bool  # Taken by CLAIM_ISOLATED: it runs without claim-ahead siblings.
 
 
 @dataclass(frozen=True, slots=True)
@@ -815,34 +861,70 @@ def _check_same_operation(
 def claim(
     cursor: Cursor, *, owner: str, queues: Sequence[str], limit: int, lease_seconds: float
 ) -> list[Lease]:
-    """Take up to `limit` ready jobs, each with a new fencing token."""
+    """Take up to `limit` ready jobs, each with a new fencing token.
+
+    Guard: available, due, in `queues`, not in a paused queue, not isolated,
+    and not locked by another claimer. Zero rows means nothing is ready.
+    """
     cursor.execute(
         CLAIM, {"queues": list(queues), "limit": limit, "owner": owner, "lease": lease_seconds}
     )
     return list(map(Lease._make, cursor.fetchall()))
 
 
-class Renewed(set[int]):
-    """The ids HEARTBEAT renewed; `cancel_requested` are those an operator asked to stop."""
+def claim_isolated(
+    cursor: Cursor, *, owner: str, queues: Sequence[str], limit: int = 1, lease_seconds: float
+) -> list[Lease]:
+    """Take at most one isolated job (one REAP returned), with a new fencing token.
 
-    def __init__(self, rows: Iterable[tuple[int, bool]] = ()) -> None:
+    Guard: as CLAIM's, but isolated; and `owner` holds no running isolated
+    job. The caller's part of the guard: it holds no claimed job that has
+    not started, and claims ahead of it nothing while this one runs. Zero
+    rows means no isolated job is ready, or this worker already runs one.
+    `limit` is accepted for the claim steps' shared call, and ignored.
+    """
+    cursor.execute(CLAIM_ISOLATED, {"queues": list(queues), "owner": owner, "lease": lease_seconds})
+    return list(map(Lease._make, cursor.fetchall()))
+
+
+class Renewed(set[int]):
+    """The ids HEARTBEAT renewed; `cancel_requested` are those an operator asked to stop.
+
+    `locked` are held jobs it could not renew because another transaction
+    had their row locked: still this worker's, renewed by a later beat.
+    """
+
+    def __init__(self, rows: Iterable[tuple[int, bool]] = (), locked: Iterable[int] = ()) -> None:
         rows = list(rows)
         super().__init__(id_ for id_, _ in rows)
         self.cancel_requested = frozenset(id_ for id_, requested in rows if requested)
+        self.locked = frozenset(locked)
 
 
 def heartbeat(
     cursor: Cursor, *, owner: str, held: Iterable[tuple[int, int]], lease_seconds: float
 ) -> Renewed:
-    """Renew every lease the worker holds; a job missing from the result is lost.
+    """Renew every lease the worker holds; a job in neither the result nor
+    its `locked` is lost.
 
-    The result also says which renewed jobs have a cancel request.
+    Guard: state running, owner and version; rows locked by another
+    transaction are skipped, never waited for. Zero rows renewed means every
+    lease was lost or locked; the ids it missed are read again, without a
+    lock (one more round trip, only then), and those still carrying the
+    token come back in `locked`. The result also says which renewed jobs
+    have a cancel request.
     """
     held = [{"id": id_, "version": version} for id_, version in held]
     if not held:
         return Renewed()
     cursor.execute(HEARTBEAT, {"held": _json(held), "owner": owner, "lease": lease_seconds})
-    return Renewed(cursor.fetchall())
+    rows = cursor.fetchall()
+    renewed = {id_ for id_, _ in rows}
+    missed = [h for h in held if h["id"] not in renewed]
+    if not missed:
+        return Renewed(rows)
+    cursor.execute(STILL_HELD, {"held": _json(missed), "owner": owner})
+    return Renewed(rows, locked=[row[0] for row in cursor.fetchall()])
 
 
 def complete(
@@ -1125,6 +1207,7 @@ def _guarded(cursor: Cursor, sql: str, owner: str, held: list[dict[str, Any]]) -
 ACTIONS = {
     "ENQUEUE": enqueue,
     "CLAIM": claim,
+    "CLAIM_ISOLATED": claim_isolated,
     "HEARTBEAT": heartbeat,
     "COMPLETE": complete,
     "RECORD_RESULT": record_result,

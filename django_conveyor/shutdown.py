@@ -12,6 +12,13 @@ token): the job is `available` again at once, and the attempt does not
 count. A job inside its `context.atomic()` keeps its row lock and is left
 to its block; a job whose block committed is completed, not handed back.
 
+Python cannot stop a thread, so a handler that ignores its timeout (a
+sleep loop, a busy loop, a CPU loop inside an async handler's event loop)
+may still run once its lease is handed back. It does not keep the process
+alive: the command then ends it (`run_to_exit`), without waiting for
+handler threads, so the first signal ends a worker within about the
+shutdown timeout, whatever its handlers do.
+
 A second signal exits at once with 128 + the signal number: nothing is
 handed back, the leases expire and are reaped. Under `--processes`, the
 supervisor (supervisor.py) turns each signal it receives into one SIGTERM
@@ -23,11 +30,12 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
 from types import FrameType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NoReturn
 
 import psycopg
 
@@ -102,3 +110,28 @@ def hand_back(worker: Worker, helds: list[HeldLease], *, reason: str) -> None:
     except psycopg.Error as exc:
         worker.connection.drop()
         logger.warning("could not hand back leases (%s): they will expire and be reaped", exc)
+
+
+def run_to_exit(worker: Worker) -> int:
+    """Run the worker of this process; past stuck handler threads, end the process now."""
+    code = worker.run()
+    if handlers := worker.slots.in_handlers():
+        exit_process(code, handlers)
+    return code
+
+
+def exit_process(code: int, handlers: int) -> NoReturn:
+    """End the process now, leaving handler threads that are still running.
+
+    A normal exit would wait for them: the thread running an async handler's
+    event loop is joined at interpreter exit, so a CPU loop there would keep
+    the process alive for ever. Their leases were handed back already.
+    """
+    logger.warning(
+        "%d handler(s) still running after their leases were given up; exiting without them",
+        handlers,
+    )
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(code)

@@ -4,7 +4,9 @@ Python cannot stop a thread, so the handler keeps running; the worker
 marks its lease lost (`context.lease_held()` turns false) and turns the
 attempt into a RETRY outcome, written with the cycle's other outcomes and
 guarded by the attempt's token. The handler's own outcome, if it ever
-returns, is then stale. An attempt inside `context.atomic()` is left until
+returns, is then stale. Its slot is abandoned (slots.py): a new thread
+takes its place, so a handler that never returns costs a thread, not a
+slot, and does not keep `--burst` from finishing. An attempt inside `context.atomic()` is left until
 its block ends: the block holds the row, and it either commits (the job is
 completed) or rolls back.
 
@@ -16,11 +18,12 @@ interval late).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import NamedTuple
 
 from . import outcomes
 from .backoff import retry_delay
-from .leases import Leases
+from .leases import HeldLease, Leases
 from .logs import log_job
 from .outcomes import error_entry
 from .protocol import Cursor
@@ -41,8 +44,11 @@ class Timeouts:
     interval = DEFAULT_INTERVAL_SECONDS
     while_draining = False  # At shutdown, leftovers are handed back instead.
 
-    def __init__(self, leases: Leases) -> None:
+    def __init__(
+        self, leases: Leases, *, abandon: Callable[[HeldLease], object] | None = None
+    ) -> None:
         self.leases = leases
+        self.abandon = abandon  # Gives the handler's slot to a new thread.
 
     def run_once(self, cursor: Cursor | None, now: Now) -> TimeoutCounts:
         timed_out = 0
@@ -62,4 +68,6 @@ class Timeouts:
             if self.leases.give_up(held, outcome, f"timed out after {held.timeout:g}s"):
                 timed_out += 1
                 log_job(logger, logging.WARNING, lease, "timed out after %gs", held.timeout)
+                if self.abandon is not None:
+                    self.abandon(held)
         return TimeoutCounts(timed_out=timed_out)

@@ -217,7 +217,7 @@ class Worker:
         services: list[Service] = [
             self.heartbeat,
             Reaper(interval=self.config.reap_seconds),
-            Timeouts(self.leases),
+            Timeouts(self.leases, abandon=self.slots.abandon),
             self.registry,
         ]
         if self.options.cron:
@@ -318,11 +318,14 @@ class Worker:
         """Write pending outcomes and claim new work in one transaction: one commit."""
         leases = self.leases
         leases.collect()
+        now = time.monotonic()
         steps = (
             self.claimer.plan(
                 running=self.slots.running(),
                 waiting=self.slots.waiting(),
                 avg_duration=self.slots.avg_duration,
+                holds_isolated=leases.holds_isolated(),
+                now=now,
             )
             if claim and not self.stopping.is_set()
             else []
@@ -331,15 +334,17 @@ class Worker:
             return 0
         conn = self.connection.get()
         # One statement is its own transaction in autocommit: skip BEGIN and
-        # COMMIT round trips (an idle worker's claim is the latency path).
-        single = leases.statements() + len(steps) <= 1
+        # COMMIT round trips (an idle worker's claim is the latency path). A
+        # step that runs only after a claim that found nothing needs no
+        # transaction around the two.
+        statements = leases.statements() + sum(not s.if_none_claimed for s in steps)
         try:
             with (
-                conn.transaction() if not single else contextlib.nullcontext(),
+                conn.transaction() if statements > 1 else contextlib.nullcontext(),
                 conn.cursor() as cur,
             ):
                 written = leases.write(cur)
-                claimed = self.claimer.claim(cur, steps)
+                claimed = self.claimer.claim(cur, steps, now)
         except Exception as exc:
             if not leases.pending or not outcomes.refused_value(exc) or conn.closed:
                 raise  # The loop logs it, reconnects if need be, and tries again.
@@ -352,14 +357,17 @@ class Worker:
             )
             with conn.transaction(), conn.cursor() as cur:
                 written = leases.write_each(cur, conn.transaction)
-                claimed = self.claimer.claim(cur, steps)
+                claimed = self.claimer.claim(cur, steps, now)
         leases.settle(written)
         for held in leases.take(claimed):
             self.slots.submit(held)
         return len(claimed)
 
     def idle(self) -> bool:
-        """Nothing held, nothing running, nothing left to write."""
+        """Nothing held, nothing running, nothing left to write.
+
+        A handler abandoned after its timeout does not count: its lease is gone.
+        """
         return self.leases.idle() and not self.slots.running()
 
     def sleep_seconds(self) -> float:

@@ -38,37 +38,87 @@ def claim(cur, owner=OWNER, limit=10, queues=("default",)):
     return protocol.claim(cur, owner=owner, queues=queues, limit=limit, lease_seconds=30)
 
 
-class TestClaim:
+class ClaimStatement:
+    """Shared cases: a claim takes ready jobs, each with a new token, never a locked one."""
+
+    isolated = False  # The kind of job this claim takes.
+
+    def claim(self, cur, owner=OWNER, limit=10, queues=("default",)):
+        raise NotImplementedError
+
+    def job(self, **fields):
+        return JobFactory(isolated=self.isolated, **fields)
+
     def test_claims_bump_the_token_and_set_the_lease(self, cur):
-        job = JobFactory(lease_version=4)
-        [lease] = claim(cur)
+        job = self.job(lease_version=4)
+        [lease] = self.claim(cur)
         after = row(job)
         assert (lease.id, lease.version, lease.attempt) == (job.id, 5, 1)
+        assert lease.isolated is self.isolated
         assert (after.state, after.lease_owner, after.lease_version) == ("running", OWNER, 5)
         assert after.lease_expires_at > timezone.now() + dt.timedelta(seconds=25)
 
-    def test_respects_limit_queue_run_after_and_pause(self, cur):
-        JobFactory.create_batch(3)
-        JobFactory(queue="emails")
-        JobFactory(run_after=timezone.now() + dt.timedelta(hours=1))
-        assert len(claim(cur, limit=2)) == 2
-        assert len(claim(cur, limit=10)) == 1
+    def test_respects_queue_run_after_and_pause(self, cur):
+        self.job(queue="emails")
+        self.job(run_after=timezone.now() + dt.timedelta(hours=1))
+        assert self.claim(cur) == []
         pause(["emails"])
-        assert claim(cur, queues=("emails",)) == []
+        assert self.claim(cur, queues=("emails",)) == []
 
     def test_skips_rows_locked_by_another_claimer(self, cur):
-        JobFactory.create_batch(2)
+        first, second = self.job(), self.job()
 
         with connect("default") as other, other.transaction():
-            other.execute("SELECT id FROM conveyor_job ORDER BY id LIMIT 1 FOR UPDATE")
-            assert len(claim(cur)) == 1  # the locked row is skipped, not waited on
+            other.execute("SELECT 1 FROM conveyor_job WHERE id = %s FOR UPDATE", [first.id])
+            [lease] = self.claim(cur)  # the locked row is skipped, not waited on
+            assert lease.id == second.id
 
     @pytest.mark.parametrize(
         "trait", ["running", "completed", "failed", "dead", "cancelled", "blocked"]
     )
     def test_only_available_jobs_are_claimed(self, cur, trait):
-        JobFactory(**{trait: True})
-        assert claim(cur) == []
+        self.job(**{trait: True})
+        assert self.claim(cur) == []
+
+    def test_leaves_the_other_kind_alone(self, cur):
+        JobFactory(isolated=not self.isolated)
+        assert self.claim(cur) == []
+
+
+class TestClaim(ClaimStatement):
+    def claim(self, cur, owner=OWNER, limit=10, queues=("default",)):
+        return claim(cur, owner=owner, limit=limit, queues=queues)
+
+    def test_respects_the_limit(self, cur):
+        JobFactory.create_batch(3)
+        assert len(self.claim(cur, limit=2)) == 2
+        assert len(self.claim(cur, limit=10)) == 1
+
+
+class TestClaimIsolated(ClaimStatement):
+    isolated = True
+
+    def claim(self, cur, owner=OWNER, limit=10, queues=("default",)):
+        return protocol.claim_isolated(cur, owner=owner, queues=queues, lease_seconds=30)
+
+    def test_takes_one_job_at_a_time(self, cur):
+        JobFactory.create_batch(3, isolated=True)
+        assert len(self.claim(cur)) == 1
+
+    def test_not_for_a_worker_running_an_isolated_job(self, cur):
+        JobFactory.create_batch(2, isolated=True)
+        [first] = self.claim(cur)
+        assert self.claim(cur) == []
+        [other] = self.claim(cur, owner="worker-b")  # another worker may take the next
+        assert other.id != first.id
+        protocol.complete(cur, owner=OWNER, done=[(first.id, first.version, None)])
+        JobFactory(isolated=True)
+        assert len(self.claim(cur)) == 1  # its isolated job finished: the next one
+
+    def test_beside_ordinary_running_jobs(self, cur):
+        JobFactory(running=True)
+        JobFactory(isolated=True)
+        assert len(self.claim(cur)) == 1
 
 
 class TestHeartbeat:
@@ -81,6 +131,28 @@ class TestHeartbeat:
         assert renewed == {mine.id}
         assert row(mine).lease_expires_at > timezone.now() + dt.timedelta(seconds=100)
         assert row(stale).lease_expires_at < timezone.now() + dt.timedelta(seconds=60)
+
+    def test_a_row_locked_by_another_transaction_is_held_not_lost(self, cur):
+        mine, other = JobFactory(running=True), JobFactory(running=True)
+        from django_conveyor.dbconn import connect
+
+        with connect("default") as claimer, claimer.transaction():
+            # What a concurrent CLAIM leaves behind on a row it looked at and let go.
+            claimer.execute("SELECT 1 FROM conveyor_job WHERE id = %s FOR UPDATE", [mine.id])
+            renewed = protocol.heartbeat(
+                cur, owner=OWNER, held=[(mine.id, 1), (other.id, 1)], lease_seconds=30
+            )
+        assert renewed == {other.id}
+        assert renewed.locked == {mine.id}
+
+    def test_a_locked_row_of_another_token_is_lost(self, cur):
+        theirs = JobFactory(running=True, lease_version=2)
+        from django_conveyor.dbconn import connect
+
+        with connect("default") as claimer, claimer.transaction():
+            claimer.execute("SELECT 1 FROM conveyor_job WHERE id = %s FOR UPDATE", [theirs.id])
+            renewed = protocol.heartbeat(cur, owner=OWNER, held=[(theirs.id, 1)], lease_seconds=30)
+        assert renewed == set() and renewed.locked == set()
 
     def test_other_owner_or_state_is_not_renewed(self, cur):
         theirs = JobFactory(running=True, lease_owner="worker-b")
@@ -96,8 +168,15 @@ class TestHeartbeat:
 class GuardedOutcome:
     """Shared cases: every outcome write is fenced by state, owner and version."""
 
+    clears_isolated = True  # An outcome of the handler ends the job's isolation.
+
     def write(self, cur, job_id, version, owner=OWNER):
         raise NotImplementedError
+
+    def test_what_becomes_of_isolation(self, cur):
+        job = JobFactory(running=True, isolated=True)
+        assert self.write(cur, job.id, 1)
+        assert row(job).isolated is not self.clears_isolated
 
     def test_stale_token_writes_nothing(self, cur):
         job = JobFactory(running=True, lease_version=7)
@@ -173,6 +252,8 @@ class TestSnooze(GuardedOutcome):
 
 
 class TestRelease(GuardedOutcome):
+    clears_isolated = False  # The handler did not finish.
+
     def write(self, cur, job_id, version, owner=OWNER):
         return protocol.release(cur, owner=owner, held=[(job_id, version)])
 
@@ -185,6 +266,8 @@ class TestRelease(GuardedOutcome):
 
 
 class TestLockForEffect(GuardedOutcome):
+    clears_isolated = False  # Its COMPLETE does, in the same transaction.
+
     def write(self, cur, job_id, version, owner=OWNER):
         return protocol.lock_for_effect(cur, job_id=job_id, owner=owner, version=version)
 
@@ -258,10 +341,23 @@ class TestReap:
         protocol.reap(cur)
         assert row(job).state == "dead"
 
+    def test_a_job_back_to_available_is_isolated(self, cur):
+        back = JobFactory(expired=True)
+        dead = JobFactory(expired=True, attempt=3, max_attempts=3, isolated=True)
+        protocol.reap(cur)
+        assert (row(back).state, row(back).isolated) == ("available", True)
+        assert (row(dead).state, row(dead).isolated) == ("dead", False)
+        assert claim(cur) == []  # CLAIM leaves it to CLAIM_ISOLATED
+
+    def test_requeue_ends_isolation(self, cur):
+        job = JobFactory(dead=True, isolated=True)
+        assert protocol.requeue(cur, ids=[job.id]) == [job.id]
+        assert row(job).isolated is False
+
     def test_zombie_writes_after_reap_and_reclaim_are_rejected(self, cur):
         job = JobFactory(expired=True)
         protocol.reap(cur)
-        [lease] = claim(cur, owner="worker-b")
+        [lease] = TestClaimIsolated().claim(cur, owner="worker-b")
         assert lease.version == 2
         assert protocol.complete(cur, owner=OWNER, done=[(job.id, 1, "zombie")]) == set()
         assert protocol.heartbeat(cur, owner=OWNER, held=[(job.id, 1)], lease_seconds=30) == set()

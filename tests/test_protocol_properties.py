@@ -2,7 +2,8 @@
 
 A Hypothesis state machine drives the statements of `protocol.py` from three
 simulated workers, each on its own connection to the test PostgreSQL, as a
-worker's control loop and handler would: claim, heartbeat, complete, retry,
+worker's control loop and handler would: claim (and claim an isolated job,
+which a reap leaves behind), heartbeat, complete, retry,
 fail, snooze, release, reap, the guarded effect (lock, ledger entry and
 completion in one transaction, with a reaper racing it) and requeue.
 Time is simulated by moving `lease_expires_at` into the past. Workers keep
@@ -57,7 +58,7 @@ MACHINE_SETTINGS = settings(
 
 JOBS_SQL = """
 SELECT id, state, attempt, max_attempts, lease_owner, lease_version,
-       lease_expires_at IS NULL, lease_expires_at < now()
+       lease_expires_at IS NULL, lease_expires_at < now(), isolated
 FROM conveyor_job ORDER BY id
 """
 LEDGER_SQL = "SELECT job_id, lease_version, worker FROM conveyor_ledger"
@@ -82,6 +83,7 @@ class ModelJob:
     version: int = 0
     owner: str | None = None
     expired: bool = False
+    isolated: bool = False  # Reaped back to available: only CLAIM_ISOLATED takes it.
     effects: int = 0  # Ledger entries written by guarded completions.
 
 
@@ -150,6 +152,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         for row in reaped:
             job = self.jobs[row.id]
             job.state = "dead" if job.attempt >= job.max_attempts else "available"
+            job.isolated = job.state == "available"  # Set exactly when it goes back.
             job.expired = False
             assert row.state == job.state
             assert (row.owner, row.version) == (job.owner, job.version), "REAP names the loser"
@@ -194,12 +197,31 @@ class ProtocolMachine(RuleBasedStateMachine):
 
     @rule(worker=st.sampled_from(WORKERS), limit=st.integers(1, 3))
     def claim(self, worker: str, limit: int) -> None:
-        ready = [j for j in self.jobs.values() if j.state == "available"]
+        ready = [j for j in self.jobs.values() if j.state == "available" and not j.isolated]
         with self.cursor(worker) as cur:
             leases = protocol.claim(
                 cur, owner=worker, queues=[QUEUE], limit=limit, lease_seconds=LEASE_SECONDS
             )
         assert len(leases) == min(limit, len(ready)), "CLAIM takes what is ready, up to the limit"
+        assert not any(lease.isolated for lease in leases), "CLAIM never takes an isolated job"
+        self.took(worker, leases)
+
+    @rule(worker=st.sampled_from(WORKERS))
+    def claim_isolated(self, worker: str) -> None:
+        ready = [j for j in self.jobs.values() if j.state == "available" and j.isolated]
+        running_one = any(
+            j.state == "running" and j.owner == worker and j.isolated for j in self.jobs.values()
+        )
+        with self.cursor(worker) as cur:
+            leases = protocol.claim_isolated(
+                cur, owner=worker, queues=[QUEUE], lease_seconds=LEASE_SECONDS
+            )
+        expected = 0 if running_one else min(1, len(ready))
+        assert len(leases) == expected, "CLAIM_ISOLATED takes one, for a worker running none"
+        assert all(lease.isolated for lease in leases)
+        self.took(worker, leases)
+
+    def took(self, worker: str, leases: list[protocol.Lease]) -> None:
         for lease in leases:
             job = self.jobs[lease.id]
             assert job.state == "available", "CLAIM took a job that was not available"
@@ -242,6 +264,8 @@ class ProtocolMachine(RuleBasedStateMachine):
         if state is not None:
             job = self.jobs[job_id]
             job.state, job.expired = state, False
+            if kind != "release":
+                job.isolated = False  # An outcome of the handler ends it; RELEASE keeps it.
             if state != "completed":
                 job.owner = None  # A lease that ends clears its owner; COMPLETE keeps it.
 
@@ -388,7 +412,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         requeueable = job.state in ("failed", "dead", "cancelled")
         assert (job.id in done) == requeueable
         if requeueable:
-            job.state, job.attempt = "available", 0
+            job.state, job.attempt, job.isolated = "available", 0, False
 
     # -- invariants -----------------------------------------------------------
 
@@ -408,13 +432,15 @@ class ProtocolMachine(RuleBasedStateMachine):
             version,
             no_lease,
             expired,
+            isolated,
         ) in rows.items():
             job = self.jobs[job_id]
-            assert (state, attempt, owner, version) == (
+            assert (state, attempt, owner, version, isolated) == (
                 job.state,
                 job.attempt,
                 job.owner,
                 job.version,
+                job.isolated,
             ), f"job {job_id}: database and model disagree"
             assert state in STATES, f"job {job_id} is in an unknown state {state!r}"
             assert no_lease == (state != "running"), "only a running job carries a lease"

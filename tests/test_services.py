@@ -31,6 +31,7 @@ from tests.factories import JobFactory
 pytestmark = pytest.mark.django_db(transaction=True)
 
 OWNER = "worker-t"
+T = 1000.0  # A monotonic instant.
 T0 = Now(monotonic=1000.0, utc=dt.datetime(2026, 3, 29, 1, 0, tzinfo=dt.UTC))
 
 
@@ -120,6 +121,21 @@ class TestHeartbeat:
                 counts = Heartbeat(leases, lease_seconds=30).run_once(cur, T0)
         assert counts == HeartbeatCounts(renewed=0, leases_lost=0)
         assert leases.held == {held.lease.id: held}
+
+    def test_a_row_another_claim_has_locked_is_not_lost(self, conn, leases, recorder):
+        """A concurrent CLAIM keeps its lock on a row it rejected until it commits."""
+        JobFactory.create_batch(2)
+        locked, free = claim(conn, leases)
+        with connect("default") as other, other.transaction():
+            other.execute("SELECT 1 FROM conveyor_job WHERE id = %s FOR UPDATE", [locked.lease.id])
+            with conn.cursor() as cur:
+                counts = Heartbeat(leases, lease_seconds=30).run_once(cur, T0)
+        assert counts == HeartbeatCounts(renewed=1, leases_lost=0)
+        assert set(leases.held) == {locked.lease.id, free.lease.id}
+        assert not locked.lost and not any(e[0] == "lost" for e in recorder.events)
+        leases.report(Outcome(outcomes.COMPLETE, locked, return_value="done"))
+        cycle(conn, leases)
+        assert (row(locked).state, row(locked).return_value) == ("completed", "done")
 
     def test_nothing_held_sends_nothing(self, leases):
         assert Heartbeat(leases, lease_seconds=30).run_once(None, T0) == HeartbeatCounts()
@@ -275,9 +291,44 @@ class TestClaimer:
         claimer = self.claimer(prefetch=2)
         assert claimer.room(running=1, waiting=0, avg_duration=0.001) == 5
         assert claimer.room(running=4, waiting=2, avg_duration=0.001) == 0
-        assert claimer.plan(running=4, waiting=2, avg_duration=0.001) == []
-        [step] = claimer.plan(running=0, waiting=0, avg_duration=None)
-        assert (step.statement, step.limit) == (protocol.claim, 6)
+        assert claimer.plan(running=4, waiting=2, avg_duration=0.001, now=T) == []
+        claimer.isolated_due = T + 1  # Not due: CLAIM, then CLAIM_ISOLATED if it found nothing.
+        claim, isolated = claimer.plan(running=0, waiting=0, avg_duration=None, now=T)
+        assert (claim.statement, claim.limit) == (protocol.claim, 6)
+        assert (isolated.statement, isolated.limit, isolated.if_none_claimed) == (
+            protocol.claim_isolated,
+            1,
+            True,
+        )
+
+    def test_isolated_jobs_run_without_claim_ahead(self):
+        claimer = self.claimer(prefetch=2)
+        # Due: CLAIM_ISOLATED first; if it takes one, CLAIM fills only the free slots.
+        isolated, claim = claimer.plan(running=1, waiting=0, avg_duration=0.001, now=T)
+        assert (isolated.statement, isolated.if_none_claimed) == (protocol.claim_isolated, False)
+        assert (claim.limit, claim.limit_alone) == (5, 2)
+        # Holding one: the free slots only, and no second isolated job.
+        [claim] = claimer.plan(running=2, waiting=0, avg_duration=0.001, holds_isolated=True, now=T)
+        assert (claim.statement, claim.limit) == (protocol.claim, 2)
+        # Due but jobs wait in the buffer: let it run empty first.
+        [claim] = claimer.plan(running=1, waiting=1, avg_duration=0.001, now=T)
+        assert claim.limit == 2
+
+    def test_claim_steps_against_the_database(self, conn, leases):
+        JobFactory.create_batch(3)
+        JobFactory.create_batch(2, isolated=True)
+        claimer = self.claimer(prefetch=2)
+        with conn.cursor() as cur:
+            steps = claimer.plan(running=0, waiting=0, avg_duration=None, now=T)
+            claimed = claimer.claim(cur, steps, now=T)
+        # One isolated job, then ordinary ones for the free slots only: no claim-ahead.
+        assert [lease.isolated for lease in claimed] == [True, False, False, False]
+        assert claimer.isolated_due == T  # It found one: it looks again once that is done.
+        with conn.cursor() as cur:
+            steps = claimer.plan(
+                running=4, waiting=0, avg_duration=None, holds_isolated=True, now=T
+            )
+            assert claimer.claim(cur, steps, now=T) == []
 
 
 class TestSchedule:

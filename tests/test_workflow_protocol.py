@@ -132,7 +132,11 @@ class TestUnblock:
         # The lease is taken: the reaper hands it back, another worker claims it.
         Job.objects.filter(pk=a).update(lease_expires_at="2000-01-01T00:00:00Z")
         protocol.reap(cur)
-        run(cur, a, owner="worker-b")
+        # Reaped back to available, it is isolated: only CLAIM_ISOLATED takes it.
+        [lease] = protocol.claim_isolated(
+            cur, owner="worker-b", queues=["default"], lease_seconds=30
+        )
+        assert lease.id == a
         assert protocol.complete(cur, owner=OWNER, done=[(a, version, None)]) == set()
         assert (state(b), pending(b)) == ("blocked", 1)
 

@@ -28,6 +28,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 
 from ..instrument import Instrument
 from ..management.arguments import MAX_PORT
+from ..shutdown import run_to_exit
 from ..worker import Worker, WorkerOptions
 from . import process
 
@@ -159,7 +160,7 @@ def slot_runner(address: str, port: int, *, processes: int) -> Callable[[WorkerO
             logger.error("%s", exc)
             return 1
         logger.info("serving metrics on %s:%d", address, port + slot)
-        return Worker(replace(options, instrument=metrics)).run()
+        return run_to_exit(Worker(replace(options, instrument=metrics)))
 
     return run
 

@@ -23,6 +23,7 @@ from django_conveyor.management.arguments import (
     queue_list,
     worker_id,
 )
+from django_conveyor.shutdown import run_to_exit
 from django_conveyor.supervisor import Supervisor
 from django_conveyor.worker import (
     MAX_CONCURRENCY,
@@ -180,7 +181,7 @@ class Command(BaseCommand):
         """How to run the worker of one slot: plain, or serving its metrics first."""
         port = options["metrics_port"]
         if port is None:
-            return lambda worker_options, slot: Worker(worker_options).run()
+            return lambda worker_options, slot: run_to_exit(Worker(worker_options))
         try:
             from django_conveyor.metrics import worker as worker_metrics
         except ImportError as exc:
