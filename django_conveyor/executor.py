@@ -17,7 +17,14 @@ from django.db import connections
 
 from . import outcomes
 from .backoff import retry_delay
-from .compat import Task, TaskResultStatus, task_finished, task_started
+from .compat import (
+    Task,
+    TaskResultStatus,
+    log_task_finished,
+    log_task_started,
+    task_finished,
+    task_started,
+)
 from .context import JobContext
 from .exceptions import ArgumentsNotSerializable, Discard, LeaseLost, Snooze
 from .leases import HeldLease
@@ -25,6 +32,7 @@ from .logs import log_job
 from .outcomes import Outcome, error_entry
 from .results import ConveyorTaskResult, finished, task_result
 from .serialization import json_round_trip
+from .signals import heard
 from .states import JobState
 from .tasks import resolve_task
 
@@ -56,7 +64,7 @@ def running_result(task: Task, held: HeldLease) -> ConveyorTaskResult:
     )
 
 
-def call(task: Task, held: HeldLease, result: ConveyorTaskResult) -> Any:
+def call(task: Task, held: HeldLease, result: ConveyorTaskResult | None) -> Any:
     lease = held.lease
     args = (
         [JobContext(task_result=result, held=held), *lease.args]
@@ -97,14 +105,23 @@ def classify(exc: BaseException, task: Task | None, held: HeldLease) -> Outcome:
     return Outcome(outcomes.RETRY, held, delay=delay, error=error_entry(exc))
 
 
-def report(sender: type | None, result: ConveyorTaskResult | None, outcome: Outcome) -> None:
+def report(
+    task: Task | None, held: HeldLease, result: ConveyorTaskResult | None, outcome: Outcome
+) -> None:
+    """Send `task_finished`, building the result only if someone will see it."""
     status = FINISHED_STATUS.get(outcome.kind)
-    if sender is None or result is None or status is None:
+    if task is None or status is None:
+        return
+    level = logging.ERROR if status == TaskResultStatus.FAILED else logging.INFO
+    if not heard(task_finished, log_task_finished, level):
         return
     done = finished(
-        result, status=status, return_value=outcome.return_value, error=outcome.error or None
+        result or running_result(task, held),
+        status=status,
+        return_value=outcome.return_value,
+        error=outcome.error or None,
     )
-    task_finished.send(sender, task_result=done)
+    task_finished.send(type(task.get_backend()), task_result=done)
 
 
 def connection_hygiene() -> None:
@@ -121,17 +138,23 @@ def connection_hygiene() -> None:
 
 
 def execute(held: HeldLease) -> Outcome:
-    """Run one attempt and say what should be written; never raises."""
+    """Run one attempt and say what should be written; never raises.
+
+    The attempt's TaskResult is built only when something uses it: a handler
+    that takes a context, or a receiver of `task_started` / `task_finished`
+    other than django.tasks' own log lines while their level is off.
+    """
     lease = held.lease
     task: Task | None = None
-    sender: type | None = None  # The signals' sender: the task's backend class.
     result: ConveyorTaskResult | None = None
     try:
         task = resolve_task(lease.task_path)
         held.timeout = getattr(task, "timeout", None)  # From now on timeouts.py watches it.
-        sender = type(task.get_backend())
-        result = running_result(task, held)
-        task_started.send(sender, task_result=result)
+        if heard(task_started, log_task_started, logging.INFO):
+            result = running_result(task, held)
+            task_started.send(type(task.get_backend()), task_result=result)
+        elif task.takes_context:
+            result = running_result(task, held)
         value = call(task, held, result)
         value = json_round_trip(value, f"{task.name}() return value")
         kind = outcomes.DONE_IN_ATOMIC if held.completed_in_atomic else outcomes.COMPLETE
@@ -146,5 +169,5 @@ def execute(held: HeldLease) -> Outcome:
             log_job(logger, level, lease, "raised %s", type(exc).__name__)
     finally:
         connection_hygiene()
-    report(sender, result, outcome)
+    report(task, held, result, outcome)
     return outcome
