@@ -28,7 +28,8 @@
  *
  * Properties (pan -N name): safety (all invariants at once),
  * lease_exclusive, fenced_writes, effect_once, lock_held, crash_contained,
- * dependents_wait, unblock_fenced, counter_exact, cascade_cause, cancel_honoured,
+ * dependents_wait, unblock_fenced, counter_exact, cascade_cause, operator_cancel,
+ * cancel_honoured,
  * one_job_per_tick; liveness all_final, every_tick.
  *
  * Mutations (spec/mutations.toml) edit the macros below in a copy of this
@@ -229,6 +230,7 @@ byte h_rerun = 0;               /* claims of a job with a cancel request */
 byte h_iso_claim = 0;           /* isolated jobs taken by CLAIM */
 byte h_unfenced = 0;            /* dependents unblocked other than by a holder's COMPLETE */
 byte h_cause = 0;               /* cascades naming a dependency that did not fail */
+byte h_operator = 0;            /* jobs an operator cancelled, brought back by another's REQUEUE */
 bool g_fenced = false;          /* this COMPLETE landed for the lease holder */
 
 /* ---------------- the workers' beliefs --------------------------------- */
@@ -359,6 +361,7 @@ byte cron_jobs[MAX_TICK + 1];   /* jobs inserted per tick */
 #define WF_OK (h_cause == 0 && NODOOM_J(0) && NODOOM_J(1) && NODOOM_J(2) && NODOOM_J(3) && \
                CAUSE_J(0) && CAUSE_J(1) && CAUSE_J(2) && CAUSE_J(3))
 
+#define OPERATOR_OK (h_operator == 0)
 #define CANCEL_OK (h_cancelled_effect == 0 && h_rerun == 0)
 #define TICKS_OK (cron_jobs[0] <= 1 && cron_jobs[MAX_TICK] <= 1 && \
                   (MAX_TICK < 2 || cron_jobs[1] <= 1) && (MAX_TICK < 3 || cron_jobs[2] <= 1))
@@ -534,6 +537,7 @@ inline requeue(j) {
        :: x < NJ ->
             if
             :: (up & (1 << x)) ->
+                 if :: x != j && jstate[x] == CANCELLED && cause[x] == NOJOB -> h_operator++ :: else -> skip fi;
                  pending[x] = count[x]; jstate[x] = (count[x] > 0 -> BLOCKED : AVAILABLE);
                  cause[x] = NOJOB; count[x] = 0
             :: else -> skip
@@ -976,7 +980,7 @@ T0: do \
 }
 
 INVARIANT(safety, LEASE_OK && FENCED && EFFECT_OK && LOCK_OK && CRASH_OK && WAIT_OK && UNBLOCK_OK
-                  && COUNT_OK && WF_OK && CANCEL_OK && TICKS_OK)
+                  && COUNT_OK && WF_OK && OPERATOR_OK && CANCEL_OK && TICKS_OK)
 INVARIANT(lease_exclusive, LEASE_OK)
 INVARIANT(fenced_writes, FENCED)
 INVARIANT(effect_once, EFFECT_OK)
@@ -986,6 +990,7 @@ INVARIANT(dependents_wait, WAIT_OK)
 INVARIANT(unblock_fenced, UNBLOCK_OK)
 INVARIANT(counter_exact, COUNT_OK)
 INVARIANT(cascade_cause, WF_OK)
+INVARIANT(operator_cancel, OPERATOR_OK)
 INVARIANT(cancel_honoured, CANCEL_OK)
 INVARIANT(one_job_per_tick, TICKS_OK)
 

@@ -676,14 +676,19 @@ REQUEUE(j) ==
     /\ LET js0 == [jstate EXCEPT ![j] = IF Deps[j] # {} THEN "blocked" ELSE "available"]
            st  == REBLOCK_DEPENDENTS(j, [js |-> js0, pd |-> pending,
                                          cs |-> [cause EXCEPT ![j] = NoJob]])
+           \* jobs an operator cancelled (no DependencyFailed last) brought back
+           taken == {x \in Jobs \ {j} : /\ jstate[x] = "cancelled" /\ cause[x] = NoJob
+                                       /\ st.js[x] # "cancelled"}
        IN /\ jstate'  = st.js
           /\ pending' = st.pd
           /\ cause'   = st.cs
+          /\ alarms'  = alarms \cup {[kind |-> "operator", act |-> "REBLOCK_DEPENDENTS",
+                                      job |-> x] : x \in taken}
     /\ attempt'   = [attempt EXCEPT ![j] = 0]
     /\ isolated'  = [isolated EXCEPT ![j] = FALSE]
     /\ cancelReq' = [cancelReq EXCEPT ![j] = FALSE]
     /\ UNCHANGED <<owner, version, expired, lockedBy, ledger, business, held, frozen,
-                   ghost, cron>>
+                   claims, holder, liveGid, completer, lostTo, cron>>
 
 \* UPDATE ... SET state='cancelled' WHERE id AND state IN ('blocked', 'available')
 \* with CANCEL_DEPENDENTS.
@@ -1014,6 +1019,11 @@ CascadeCause ==
     /\ \A x \in Jobs : (jstate[x] = "cancelled" /\ cause[x] # NoJob)
          => cause[x] \in Deps[x] /\ \E d \in Deps[x] : jstate[d] \in Doomed
 
+\* A job an operator cancelled stays cancelled until it is requeued itself:
+\* REQUEUE of a dependency brings back only jobs a dependency's failure
+\* cancelled.
+OperatorCancelStands == ~Alarmed("operator")
+
 \* Cancelling a running job: no guarded effect commits after the request,
 \* and a job with a request is never claimed again (until REQUEUE clears it).
 CancelHonoured == ~Alarmed("cancelled effect") /\ ~Alarmed("rerun")
@@ -1053,7 +1063,8 @@ EveryTickEnqueued ==
 
 THEOREM Spec => [](TypeOK /\ LeaseExclusive /\ FencedWrites /\ EffectOnce /\ LockHeld
                    /\ CrashContained /\ DependentsWait /\ CounterExact
-                   /\ NoDoomedBlocked /\ CascadeCause /\ CancelHonoured /\ OneJobPerTick)
+                   /\ NoDoomedBlocked /\ CascadeCause /\ OperatorCancelStands
+                   /\ CancelHonoured /\ OneJobPerTick)
 THEOREM Spec => LegalTransitions /\ UnblockFenced
 THEOREM Spec => AllEventuallyFinal /\ EveryTickEnqueued
 =============================================================================
