@@ -8,28 +8,57 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Sequence
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.apps import apps
 from django.core import checks
 from django.db import connections
+from django.utils import timezone
 
 from . import protocol
 from .compat import (
+    TASK_MAX_PRIORITY,
+    TASK_MIN_PRIORITY,
     BaseTaskBackend,
     InvalidTask,
     TaskResultDoesNotExist,
     log_task_enqueued,
     task_enqueued,
 )
-from .conf import conveyor_settings
+from .conf import MAX_INT, MAX_SECONDS, conveyor_settings
 from .exceptions import DependencyInOtherDatabase
 from .results import ConveyorTaskResult, parse_result_id, result_from_job, result_id, task_result
-from .serialization import json_round_trip
+from .serialization import json_round_trip, text_problem
 from .signals import heard, task_enqueue_replayed
 from .tasks import DEPENDENCY_POLICIES, ConveyorTask
 
 MAX_IDEMPOTENCY_KEY_LENGTH = 255
+
+
+def _check_run_after(run_after: Any) -> None:
+    """A datetime no later than ten years from now (conf.MAX_SECONDS), or None."""
+    if run_after is None:
+        return
+    if not isinstance(run_after, datetime):
+        hint = (
+            " Parse it first, for example with datetime.fromisoformat()."
+            if isinstance(run_after, str)
+            else " Add a timedelta to timezone.now() instead."
+            if isinstance(run_after, timedelta | int | float)
+            else ""
+        )
+        raise InvalidTask(
+            f"run_after must be a datetime, not {type(run_after).__name__} {run_after!r:.80}.{hint}"
+        )
+    # A naive one is local time (django.tasks refuses it when USE_TZ).
+    now = datetime.now() if timezone.is_naive(run_after) else timezone.now()
+    latest = now + timedelta(seconds=MAX_SECONDS)
+    if run_after > latest:
+        raise InvalidTask(
+            f"run_after must be at most {MAX_SECONDS:.0f} seconds (ten years) from now, "
+            f"not {run_after.isoformat()}."
+        )
 
 
 class ConveyorBackend(BaseTaskBackend):
@@ -40,20 +69,42 @@ class ConveyorBackend(BaseTaskBackend):
     supports_priority = True
 
     def validate_task(self, task: Any) -> None:
+        """Refuse, before anything is written, what PostgreSQL or the worker could not hold.
+
+        Each message names the option and what is wrong with it; the types are
+        checked first, so that django.tasks' own checks never meet a value
+        they cannot compare (a str run_after, a bool priority).
+        """
+        priority = task.priority
+        if isinstance(priority, bool) or not isinstance(priority, int):
+            raise InvalidTask(
+                f"priority must be a whole number from {TASK_MIN_PRIORITY} to "
+                f"{TASK_MAX_PRIORITY}, not {type(priority).__name__} {priority!r:.40}."
+            )
+        _check_run_after(task.run_after)
+        if isinstance(task.queue_name, str) and (problem := text_problem(task.queue_name)):
+            raise InvalidTask(f"queue_name {task.queue_name!r:.80} {problem}.")
         super().validate_task(task)
         max_attempts = getattr(task, "max_attempts", None)
         if max_attempts is not None and (
-            isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1
+            isinstance(max_attempts, bool)
+            or not isinstance(max_attempts, int)
+            or not 1 <= max_attempts <= MAX_INT
         ):
             raise InvalidTask(
-                f"max_attempts must be a whole number of 1 or more, not {max_attempts!r}."
+                f"max_attempts must be a whole number from 1 to {MAX_INT}, not {max_attempts!r}."
             )
         for name in ("timeout", "backoff_base", "backoff_cap"):
             value = getattr(task, name, None)
             if value is not None and (
-                isinstance(value, bool) or not isinstance(value, int | float) or value <= 0
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or not 0 < value <= MAX_SECONDS  # NaN and infinity fail this too.
             ):
-                raise InvalidTask(f"{name} must be a positive number of seconds, not {value!r}.")
+                raise InvalidTask(
+                    f"{name} must be a positive number of seconds, at most {MAX_SECONDS:.0f} "
+                    f"(ten years), not {value!r}."
+                )
         policy = getattr(task, "dependency_policy", "cancel")
         if policy not in DEPENDENCY_POLICIES:
             raise InvalidTask(
@@ -68,6 +119,8 @@ class ConveyorBackend(BaseTaskBackend):
                 f"idempotency_key must be a non-empty string of at most "
                 f"{MAX_IDEMPOTENCY_KEY_LENGTH} characters, not {key!r:.80}."
             )
+        if key is not None and (problem := text_problem(key)):
+            raise InvalidTask(f"idempotency_key {key!r:.80} {problem}.")
 
     def _new_job(
         self, task: Any, args: Sequence[Any], kwargs: dict[str, Any], after: Sequence[int] = ()

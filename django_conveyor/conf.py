@@ -36,6 +36,13 @@ DEFAULT_BACKOFF_CAP_SECONDS = 600.0
 DEFAULT_RETENTION_SECONDS = 7 * 24 * 3600.0
 DEFAULT_API_MAX_BODY_BYTES = 64 * 1024
 
+# The longest duration or delay django-conveyor takes anywhere (settings,
+# flags, task options, snoozes, retry backoff, run_after): ten years. A
+# PostgreSQL interval, `now()` plus it, a Python datetime and a Python timer
+# all hold it; anything longer is a mistake (milliseconds passed as seconds).
+MAX_SECONDS = 10 * 365 * 24 * 3600.0
+MAX_INT = 2**31 - 1  # The largest PostgreSQL `integer` (attempts, priorities, limits).
+
 SECONDS = (int, float)  # Durations: float seconds, ints accepted (never bool).
 NONE = type(None)
 
@@ -53,7 +60,8 @@ class Setting(Generic[T]):
     """One key of CONVEYOR: accepted types, default, lower bound, meaning."""
 
     __slots__ = (
-        "bound_id", "convert", "default", "doc", "exclusive", "minimum", "name", "types"
+        "bound_id", "convert", "default", "doc", "exclusive", "maximum", "minimum", "name",
+        "types",
     )  # fmt: skip
 
     def __init__(
@@ -64,6 +72,7 @@ class Setting(Generic[T]):
         *,
         minimum: float | None = None,  # Values below (or at, if exclusive) are refused.
         exclusive: bool = False,
+        maximum: float | None = None,  # Values above are refused (NaN and infinity too).
         convert: Callable[[Any], T] | None = None,  # Applied to a valid user value.
         bound_id: str = "conveyor.E004",  # The check id of a value past the bound.
     ) -> None:
@@ -72,6 +81,7 @@ class Setting(Generic[T]):
         self.doc = doc
         self.minimum = minimum
         self.exclusive = exclusive
+        self.maximum = maximum
         self.convert = convert
         self.bound_id = bound_id
         self.name = ""
@@ -106,13 +116,18 @@ class Setting(Generic[T]):
                 f"{self.key} must be {names}, not {type(value).__name__} {value!r}.",
                 self.hint,
             )
-        if self.minimum is None or value is None:
+        if value is None or (self.minimum is None and self.maximum is None):
             return None
-        # Written so that NaN, which compares false with everything, is refused.
-        if self.exclusive and not value > self.minimum:
+        if value != value:  # NaN, which compares false with everything.
+            bound = "a number"
+        elif self.minimum is not None and self.exclusive and not value > self.minimum:
             bound = f"more than {self.minimum:g}"
-        elif not self.exclusive and not value >= self.minimum:
+        elif self.minimum is not None and not self.exclusive and not value >= self.minimum:
             bound = f"{self.minimum:g} or more"
+        elif self.maximum is not None and not value <= self.maximum:
+            bound = f"at most {self.maximum:.0f}" + (
+                " seconds (ten years)" if self.maximum == MAX_SECONDS else ""
+            )
         else:
             return None
         return Problem(self.bound_id, f"{self.key} must be {bound}, not {value!r}.", self.hint)
@@ -128,7 +143,9 @@ class Setting(Generic[T]):
 
 
 def _positive_seconds(default: float, doc: str) -> Setting[float]:
-    return Setting[float](SECONDS, default, doc, minimum=0, exclusive=True, convert=float)
+    return Setting[float](
+        SECONDS, default, doc, minimum=0, exclusive=True, maximum=MAX_SECONDS, convert=float
+    )
 
 
 class ConveyorSettings:
@@ -155,11 +172,11 @@ class ConveyorSettings:
     SHUTDOWN_TIMEOUT_SECONDS = Setting[float](
         SECONDS, DEFAULT_SHUTDOWN_TIMEOUT_SECONDS,
         "seconds running handlers get after SIGTERM before their leases are handed back.",
-        minimum=0, convert=float,
+        minimum=0, maximum=MAX_SECONDS, convert=float,
     )  # fmt: skip
     MAX_ATTEMPTS = Setting[int](
         (int,), DEFAULT_MAX_ATTEMPTS, "attempts per job unless the task sets max_attempts.",
-        minimum=1,
+        minimum=1, maximum=MAX_INT,
     )  # fmt: skip
     BACKOFF_BASE_SECONDS = _positive_seconds(
         DEFAULT_BACKOFF_BASE_SECONDS, "ceiling of the first retry's delay; doubles per attempt."
@@ -170,7 +187,7 @@ class ConveyorSettings:
     PREFETCH = Setting["int | None"](
         (int, NONE), None,
         "jobs claimed beyond the free slots; None adapts to job length, 0 turns it off.",
-        minimum=0,
+        minimum=0, maximum=MAX_INT,
     )  # fmt: skip
     NOTIFY = Setting[bool]((bool,), True, "send NOTIFY in the enqueue transaction.")
     LISTEN = Setting[bool]((bool,), True, "keep a LISTEN connection; False polls only.")

@@ -18,11 +18,14 @@ class Discard(ConveyorError):
 
 
 class Snooze(ConveyorError):
-    """Run this job again later without using an attempt."""
+    """Run this job again later without using an attempt.
+
+    The delay must be a finite number of seconds, zero or more: the worker
+    fails a job that asks for another (NaN, infinity, a negative delay), and
+    caps one longer than ten years (`conf.MAX_SECONDS`), saying so.
+    """
 
     def __init__(self, seconds: float = 60.0, reason: str = "") -> None:
-        if seconds < 0:
-            raise ValueError(f"Snooze needs a delay of zero seconds or more, not {seconds!r}.")
         self.seconds = float(seconds)
         super().__init__(reason or f"Snoozed for {self.seconds:g} seconds.")
 
@@ -78,6 +81,10 @@ class IdempotencyKeyReused(ConveyorError):
         super().__init__(message)
         self.job_id = job_id  # The job the key already names.
         self.key = key
+
+
+class OutcomeRefused(ConveyorError):
+    """PostgreSQL refused to store an attempt's outcome; the job failed instead."""
 
 
 class ArgumentsNotSerializable(ConveyorError, TypeError):

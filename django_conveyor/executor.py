@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import Callable
 from inspect import iscoroutinefunction
 from typing import Any
@@ -98,11 +99,16 @@ def classify(exc: BaseException, task: Task | None, held: HeldLease) -> Outcome:
     if isinstance(exc, LeaseLost):
         return Outcome(outcomes.LOST, held, error=error_entry(exc))
     if isinstance(exc, Snooze):
-        return Outcome(outcomes.SNOOZE, held, delay=exc.seconds)
+        if not 0 <= exc.seconds < math.inf:  # NaN too: retrying the same code cannot help.
+            note = (
+                f"The job failed: Snooze({exc.seconds!r}) asks for no delay PostgreSQL can "
+                "store; a snooze needs a finite number of seconds, zero or more."
+            )
+            return Outcome(outcomes.FAIL, held, error=error_entry(exc, note))
+        return outcomes.snooze(held, exc.seconds)
     if isinstance(exc, Discard | ArgumentsNotSerializable):
         return Outcome(outcomes.FAIL, held, error=error_entry(exc))
-    delay = retry_delay(task, held.lease.attempt)
-    return Outcome(outcomes.RETRY, held, delay=delay, error=error_entry(exc))
+    return outcomes.retry(held, retry_delay(task, held.lease.attempt), error_entry(exc))
 
 
 def report(

@@ -159,6 +159,21 @@ class Leases:
             return {}
         return outcomes.write(cur, self.owner, outcomes.by_kind(self.pending.values()))
 
+    def write_each(self, cur: Cursor, savepoint: outcomes.Savepoint) -> dict[int, str]:
+        """After PostgreSQL refused the batch: every pending outcome alone (outcomes.write_each).
+
+        A refused outcome is replaced in `pending` by the FAIL written in its
+        place, so `settle` counts and reports what was really written.
+        """
+        each = outcomes.write_each(cur, self.owner, list(self.pending.values()), savepoint)
+        self.pending.update(each.replaced)
+        for job_id in each.abandoned:  # Left to its lease: no longer held, nothing pending.
+            if self.held.get(job_id) is self.pending[job_id].held:
+                del self.held[job_id]
+            del self.pending[job_id]
+        self.stats.add("outcomes_refused", len(each.replaced) + len(each.abandoned))
+        return each.written
+
     def settle(self, written: dict[int, str]) -> None:
         """After the commit: forget the written leases, count, report what was refused.
 

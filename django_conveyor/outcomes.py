@@ -10,19 +10,37 @@ Each row is matched on its own owner and version, so a batch can mix fresh
 and stale outcomes; a writer returns what became of the rows it wrote, and
 a row missing from that was refused by the fence.
 
+Isolation: what an outcome carries is made storable before SQL where that
+is cheap (error text with NUL characters is escaped, delays past ten years
+are capped and the cap recorded; return values were checked by the
+executor). Should PostgreSQL still refuse a row, the whole batch fails, so
+the loop writes the outcomes again one by one (`write_each`), each in a
+savepoint: the row that is still refused becomes that job's own FAIL,
+with an `OutcomeRefused` entry saying why, and every other row is written.
+
 To add a kind: a constant, a writer calling its protocol statement, and an
 entry in `WRITERS`.
 """
 
 from __future__ import annotations
 
+import logging
 import traceback
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+import psycopg
+from django.db import DatabaseError as DjangoDatabaseError
+
 from . import protocol
+from .backoff import capped_delay
+from .conf import MAX_SECONDS
+from .exceptions import OutcomeRefused
+from .logs import log_job
 from .protocol import Cursor, Lease
+from .serialization import storable_text
 
 if TYPE_CHECKING:
     from .leases import HeldLease
@@ -36,6 +54,8 @@ DONE_IN_ATOMIC = "done_in_atomic"  # context.atomic() already wrote the completi
 LOST = "lost"  # The handler met LeaseLost: nothing to write.
 CANCEL_HELD = "cancel_held"  # An operator asked to cancel the running job: honour it.
 
+logger = logging.getLogger("django_conveyor.worker")
+
 
 @dataclass(slots=True)
 class Outcome:
@@ -44,6 +64,7 @@ class Outcome:
     return_value: Any = None
     delay: float = 0.0  # Seconds before the job is due again (RETRY, SNOOZE).
     error: dict[str, Any] = field(default_factory=dict)  # The attempt's error entry.
+    note: str | None = None  # What the worker changed (a capped delay), recorded with it.
 
     @property
     def lease(self) -> Lease:
@@ -51,13 +72,44 @@ class Outcome:
         return self.held.lease
 
 
-def error_entry(exc: BaseException) -> dict[str, Any]:
-    """The attempt's entry in the job's `errors` (the statement adds attempt, worker, time)."""
+def error_entry(exc: BaseException, note: str = "") -> dict[str, Any]:
+    """The attempt's entry in the job's `errors` (the statement adds attempt, worker, time).
+
+    Its text is made storable (NUL characters escaped, with a note saying so);
+    `note` is appended to the traceback.
+    """
     cls = type(exc)
+    text = "".join(traceback.format_exception(exc)) + (f"\n{note}\n" if note else "")
     return {
-        "exception_class_path": f"{cls.__module__}.{cls.__qualname__}",
-        "traceback": "".join(traceback.format_exception(exc)),
+        "exception_class_path": storable_text(f"{cls.__module__}.{cls.__qualname__}"),
+        "traceback": storable_text(text),
     }
+
+
+def _capped_note(asked: float) -> str:
+    return (
+        f"The delay asked for, {asked:g} seconds, is longer than the maximum of "
+        f"{MAX_SECONDS:.0f} seconds (ten years): the job waits the maximum instead."
+    )
+
+
+def retry(held: HeldLease, delay: float, error: dict[str, Any]) -> Outcome:
+    """A RETRY after `delay` seconds; a delay past the maximum is capped and noted in `error`."""
+    asked = delay
+    delay, capped = capped_delay(delay)
+    if capped:
+        error = {**error, "traceback": f"{error.get('traceback', '')}\n{_capped_note(asked)}"}
+        log_job(logger, logging.WARNING, held.lease, "retry delay capped at %.0fs", delay)
+    return Outcome(RETRY, held, delay=delay, error=error)
+
+
+def snooze(held: HeldLease, seconds: float) -> Outcome:
+    """A SNOOZE for `seconds` (finite, zero or more); past the maximum it is capped, in history."""
+    delay, capped = capped_delay(seconds)
+    if not capped:
+        return Outcome(SNOOZE, held, delay=delay)
+    log_job(logger, logging.WARNING, held.lease, "snooze of %gs capped at %.0fs", seconds, delay)
+    return Outcome(SNOOZE, held, delay=delay, note=_capped_note(seconds))
 
 
 # A writer: one fenced statement for a batch of one kind -> {job id: what it became}.
@@ -81,8 +133,9 @@ def _fail(cur: Cursor, owner: str, batch: list[Outcome]) -> dict[int, str]:
 
 
 def _snooze(cur: Cursor, owner: str, batch: list[Outcome]) -> dict[int, str]:
-    snoozed = [(o.lease.id, o.lease.version, o.delay) for o in batch]
-    return dict.fromkeys(protocol.snooze(cur, owner=owner, snoozed=snoozed), "snoozed")
+    snoozed = [(o.lease.id, o.lease.version, o.delay, o.note) for o in batch]
+    done = protocol.snooze(cur, owner=owner, snoozed=snoozed, actor=f"worker:{owner}")
+    return dict.fromkeys(done, "snoozed")
 
 
 def _release(cur: Cursor, owner: str, batch: list[Outcome]) -> dict[int, str]:
@@ -132,3 +185,99 @@ def write(cur: Cursor, owner: str, batches: dict[str, list[Outcome]]) -> dict[in
     for kind, batch in batches.items():
         written.update(WRITERS[kind](cur, owner, batch))
     return written
+
+
+# PostgreSQL refusing a value: a data exception (SQLSTATE class 22: bad text,
+# JSON, numbers or times out of range) or a value past a limit (54000); on
+# the client, a value the encoder refuses. Not a lost connection, a deadlock
+# or a timeout: those are the database's state, not the row's, and are retried.
+_REFUSED = (psycopg.DataError, psycopg.errors.ProgramLimitExceeded, ValueError, TypeError)
+
+
+def refused_value(exc: BaseException) -> bool:
+    """Whether `exc` says PostgreSQL (or the encoder) refused a value, rather than failed."""
+    if isinstance(exc, DjangoDatabaseError) and exc.__cause__ is not None:
+        exc = exc.__cause__  # Django's cursor wraps psycopg's errors.
+    return isinstance(exc, _REFUSED)
+
+
+Savepoint = Callable[[], AbstractContextManager[Any]]
+
+
+@dataclass(slots=True)
+class EachWritten:
+    """What `write_each` did."""
+
+    written: dict[int, str] = field(default_factory=dict)  # Job id -> what it became.
+    replaced: dict[int, Outcome] = field(default_factory=dict)  # Refused -> what was written.
+    abandoned: list[int] = field(default_factory=list)  # Even the FAIL refused: left to expire.
+
+
+def write_each(
+    cur: Cursor, owner: str, pending: Iterable[Outcome], savepoint: Savepoint
+) -> EachWritten:
+    """After a refused batch: each outcome alone, in a savepoint of the open transaction.
+
+    A refused outcome becomes the job's FAIL, whose entry says why (text
+    only, escaped: storable). If even that is refused the job is left to its
+    lease, which expires, and the reaper takes it back (the attempt counts,
+    so it ends `dead` at worst): never a batch that fails forever.
+    """
+    result = EachWritten()
+    written, replaced = result.written, result.replaced
+    for outcome in pending:
+        try:
+            with savepoint():
+                written.update(WRITERS[outcome.kind](cur, owner, [outcome]))
+            continue
+        except Exception as exc:
+            if not refused_value(exc):
+                raise
+            refusal = exc
+        log_job(logger, logging.ERROR, outcome.lease, "%s outcome refused: %s", outcome.kind,
+                _first_line(refusal))  # fmt: skip
+        if outcome.kind == DONE_IN_ATOMIC:
+            # The guarded commit completed the job: only its return value is lost.
+            written[outcome.lease.id] = "completed"
+            replaced[outcome.lease.id] = replace(outcome, return_value=None)
+            continue
+        failed = refused_outcome(outcome, refusal)
+        try:
+            with savepoint():
+                written.update(_fail(cur, owner, [failed]))
+            replaced[outcome.lease.id] = failed
+        except Exception as exc:
+            if not refused_value(exc):
+                raise
+            result.abandoned.append(outcome.lease.id)
+            log_job(logger, logging.ERROR, outcome.lease,
+                    "its failure was refused too (%s): the lease is left to expire",
+                    _first_line(exc))  # fmt: skip
+    return result
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = str(exc).strip().splitlines() or [""]
+    return storable_text(f"{type(exc).__name__}: {lines[0]}")
+
+
+def refused_outcome(outcome: Outcome, refusal: BaseException) -> Outcome:
+    """The FAIL that records why PostgreSQL refused `outcome` (only plain, escaped text)."""
+    sqlstate = getattr(refusal, "sqlstate", None) or getattr(refusal.__cause__, "sqlstate", None)
+    lines = [
+        f"django_conveyor.exceptions.OutcomeRefused: PostgreSQL refused to store this "
+        f"attempt's {outcome.kind} outcome: {_first_line(refusal)}"
+        + (f" (SQLSTATE {sqlstate})" if sqlstate else "")
+        + ". The job failed instead, so that the other outcomes of its batch were written."
+    ]
+    if outcome.error:
+        lines.append(
+            f"The attempt's own error was {outcome.error.get('exception_class_path', '?')}:"
+        )
+        lines.append(str(outcome.error.get("traceback", ""))[-4000:])
+    text = "\n".join(lines).encode("ascii", "backslashreplace").decode("ascii")
+    error = {
+        "exception_class_path": f"{OutcomeRefused.__module__}.{OutcomeRefused.__qualname__}",
+        "traceback": text.replace("\x00", "\\x00"),
+    }
+    return Outcome(FAIL, outcome.held, error=error)

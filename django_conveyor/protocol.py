@@ -54,7 +54,9 @@ counters recomputed under share locks on their dependencies. Lock order is
 always a dependency before its dependents.
 
 Operators leave a trace: REQUEUE, CANCEL, REQUEST_CANCEL and CANCEL_HELD
-append `{"time", "actor", "action", "detail"}` to the job's `history`.
+append `{"time", "actor", "action", "detail"}` to the job's `history`; so
+does a SNOOZE whose delay the worker capped at ten years (no state changes
+beyond SNOOZE's own).
 
 The clock. Leases are compared with the database's `now()`, never a
 worker's clock, so clock skew between hosts cannot break them. REAP takes
@@ -381,11 +383,14 @@ WHERE j.id = h.id AND j.state = 'running'
 RETURNING j.id
 """
 
+# A note (a delay the worker capped) goes to history; without one, history is untouched.
 SNOOZE = f"""
 UPDATE conveyor_job AS j
 SET state = {_HAND_BACK}, finished_at = {_HANDED_BACK_AT}, attempt = j.attempt - 1,
-    run_after = now() + make_interval(secs => h.delay), lease_owner = NULL, lease_expires_at = NULL
-{_HELD}, delay float8)
+    run_after = now() + make_interval(secs => h.delay), lease_owner = NULL, lease_expires_at = NULL,
+    history = CASE WHEN h.note IS NULL THEN j.history
+                   ELSE j.history || {_history("snooze_capped", "h.note")} END
+{_HELD}, delay float8, note text)
 WHERE j.id = h.id AND j.state = 'running'
   AND j.lease_owner = %(owner)s AND j.lease_version = h.version
 RETURNING j.id
@@ -943,10 +948,23 @@ def fail(
     return failed
 
 
-def snooze(cursor: Cursor, *, owner: str, snoozed: Iterable[tuple[int, int, float]]) -> set[int]:
-    """Run jobs again after a delay, giving back the attempt they used."""
-    held = [{"id": i, "version": v, "delay": d} for i, v, d in snoozed]
-    return _guarded(cursor, SNOOZE, owner, held)
+def snooze(
+    cursor: Cursor,
+    *,
+    owner: str,
+    snoozed: Iterable[tuple[int, int, float, str | None]],
+    actor: str = DEFAULT_ACTOR,
+) -> set[int]:
+    """Run jobs again after a delay, giving back the attempt they used.
+
+    Each row is (id, version, delay, note); a note (a delay that was capped)
+    is appended to the job's history under `actor`.
+    """
+    held = [{"id": i, "version": v, "delay": d, "note": n} for i, v, d, n in snoozed]
+    if not held:
+        return set()
+    cursor.execute(SNOOZE, {"held": _json(held), "owner": owner, "actor": actor})
+    return {row[0] for row in cursor.fetchall()}
 
 
 def release(cursor: Cursor, *, owner: str, held: Iterable[tuple[int, int]]) -> set[int]:

@@ -18,10 +18,11 @@ from __future__ import annotations
 import logging
 from typing import NamedTuple
 
+from . import outcomes
 from .backoff import retry_delay
 from .leases import Leases
 from .logs import log_job
-from .outcomes import RETRY, Outcome, error_entry
+from .outcomes import error_entry
 from .protocol import Cursor
 from .services import Now
 from .tasks import task_or_none
@@ -57,7 +58,7 @@ class Timeouts:
                 TimeoutError(f"The attempt ran past its timeout of {held.timeout:g} seconds.")
             )
             delay = retry_delay(task_or_none(lease.task_path), lease.attempt)
-            outcome = Outcome(RETRY, held, delay=delay, error=error)
+            outcome = outcomes.retry(held, delay, error)
             if self.leases.give_up(held, outcome, f"timed out after {held.timeout:g}s"):
                 timed_out += 1
                 log_job(logger, logging.WARNING, lease, "timed out after %gs", held.timeout)

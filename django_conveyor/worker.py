@@ -31,10 +31,10 @@ from typing import TypeVar
 
 import psycopg
 
-from . import shutdown
+from . import outcomes, shutdown
 from .backoff import WORKER_RECONNECT_SECONDS, Ladder
 from .claims import Claimer
-from .conf import conveyor_settings
+from .conf import MAX_INT, MAX_SECONDS, conveyor_settings
 from .dbconn import LoopConnection
 from .exceptions import ConveyorConfigurationError
 from .heartbeat import Heartbeat, interval_for
@@ -52,6 +52,7 @@ from .timeouts import Timeouts
 logger = logging.getLogger("django_conveyor.worker")
 
 EXIT_OK = 0
+MAX_CONCURRENCY = 1024  # Handler slots (threads) one process may run.
 T = TypeVar("T")
 
 
@@ -113,8 +114,18 @@ class WorkerConfig:
 
     @classmethod
     def resolve(cls, options: WorkerOptions) -> WorkerConfig:
+        """The options completed from the settings; refuses values no worker can run with.
+
+        The command's flags are checked by argparse already; this catches the
+        same mistakes from code (and from processes that skip system checks).
+        """
         settings = conveyor_settings()
         database = worker_database(options.queues)
+        _check_count("concurrency", options.concurrency, 1, MAX_CONCURRENCY)
+        if options.prefetch is not None:
+            _check_count("prefetch", options.prefetch, 0, MAX_INT)
+        for name in ("lease_seconds", "poll_seconds", "shutdown_timeout"):
+            _check_seconds(name, getattr(options, name), zero=name == "shutdown_timeout")
         lease_seconds = _given(options.lease_seconds, settings.LEASE_SECONDS)
         return cls(
             queues=tuple(options.queues),
@@ -135,6 +146,31 @@ class WorkerConfig:
 
 def _given(option: T | None, setting: T) -> T:
     return setting if option is None else option
+
+
+def _check_count(name: str, value: object, low: int, high: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ConveyorConfigurationError(
+            f"The worker's {name} must be a whole number from {low} to {high}, not {value!r}."
+        )
+
+
+def _check_seconds(name: str, value: object, *, zero: bool) -> None:
+    """None (the setting applies) or a finite number of seconds PostgreSQL can add to now()."""
+    if value is None:
+        return
+    ok = (
+        not isinstance(value, bool)
+        and isinstance(value, int | float)
+        and (value >= 0 if zero else value > 0)
+        and value <= MAX_SECONDS  # False for NaN and infinity too.
+    )
+    if not ok:
+        low = "zero or more" if zero else "more than zero"
+        raise ConveyorConfigurationError(
+            f"The worker's {name} must be a number of seconds, {low} and at most "
+            f"{MAX_SECONDS:.0f} (ten years), not {value!r}."
+        )
 
 
 class Worker:
@@ -297,9 +333,26 @@ class Worker:
         # One statement is its own transaction in autocommit: skip BEGIN and
         # COMMIT round trips (an idle worker's claim is the latency path).
         single = leases.statements() + len(steps) <= 1
-        with conn.transaction() if not single else contextlib.nullcontext(), conn.cursor() as cur:
-            written = leases.write(cur)
-            claimed = self.claimer.claim(cur, steps)
+        try:
+            with (
+                conn.transaction() if not single else contextlib.nullcontext(),
+                conn.cursor() as cur,
+            ):
+                written = leases.write(cur)
+                claimed = self.claimer.claim(cur, steps)
+        except Exception as exc:
+            if not leases.pending or not outcomes.refused_value(exc) or conn.closed:
+                raise  # The loop logs it, reconnects if need be, and tries again.
+            # Rolled back, claim included. Isolate the row PostgreSQL refused:
+            # each outcome in a savepoint, then the claim, in one transaction.
+            logger.warning(
+                "a batch of %d outcome(s) was refused (%s); writing them one by one",
+                len(leases.pending),
+                exc,
+            )
+            with conn.transaction(), conn.cursor() as cur:
+                written = leases.write_each(cur, conn.transaction)
+                claimed = self.claimer.claim(cur, steps)
         leases.settle(written)
         for held in leases.take(claimed):
             self.slots.submit(held)

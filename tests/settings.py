@@ -92,6 +92,13 @@ CONVEYOR = {
     ],
 }
 
+# A worker process may be given other CONVEYOR values (JSON; NaN allowed), as
+# a test of what a process that skips the system checks does with them.
+if os.environ.get("CONVEYOR_TEST_CONVEYOR_JSON"):
+    import json
+
+    CONVEYOR.update(json.loads(os.environ["CONVEYOR_TEST_CONVEYOR_JSON"]))
+
 # Worker processes started by the tests connect to the test database by name.
 if os.environ.get("CONVEYOR_DB_NAME"):
     DATABASES["default"]["NAME"] = os.environ["CONVEYOR_DB_NAME"]

@@ -29,3 +29,18 @@ def test_ladder_climbs_one_step_per_failure_and_starts_over_after_reset():
     assert [ladder.next_delay() for _ in range(5)] == [0.2, 0.5, 1.0, 1.0, 1.0]
     ladder.reset()
     assert ladder.next_delay() == 0.2
+
+
+def test_no_attempt_number_overflows_the_backoff():
+    for attempt in (1024, 1025, 10**6):
+        assert 0 <= backoff.full_jitter(attempt, 1.0, 600.0) <= 600.0
+
+
+def test_delays_past_the_maximum_are_capped_and_say_so():
+    top = backoff.MAX_SECONDS
+    assert backoff.capped_delay(30.0) == (30.0, False)
+    assert backoff.capped_delay(top) == (top, False)
+    assert backoff.capped_delay(1.7e12) == (top, True)
+    assert backoff.capped_delay(float("inf")) == (top, True)
+    assert backoff.capped_delay(float("nan")) == (0.0, True)
+    assert backoff.capped_delay(-1.0) == (0.0, True)

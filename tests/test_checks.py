@@ -108,6 +108,36 @@ def test_every_duration_refuses_nan_with_e004(setting):
     assert msg.endswith("not nan.")
 
 
+@pytest.mark.parametrize("value", [float("inf"), 1e300, conf.MAX_SECONDS + 1])
+@pytest.mark.parametrize("setting", [s for s in NUMBERS if float in s.types], ids=lambda s: s.name)
+def test_every_duration_refuses_what_postgresql_cannot_add_to_now(setting, value):
+    assert messages_by_id({setting.name: value}) == [
+        (
+            "conveyor.E004",
+            f"CONVEYOR[{setting.name!r}] must be at most 315360000 seconds (ten years), "
+            f"not {value!r}.",
+        )
+    ]
+    with (
+        override_settings(CONVEYOR={setting.name: value}),
+        pytest.raises(ConveyorConfigurationError),
+    ):
+        conf.conveyor_settings()  # refused without the checks too
+
+
+def test_maximums_are_declared():
+    maximums = {s.name: s.maximum for s in DECLARED if s.maximum is not None}
+    seconds = {s.name for s in NUMBERS if float in s.types}
+    assert maximums == dict.fromkeys(seconds, conf.MAX_SECONDS) | {
+        "MAX_ATTEMPTS": 2**31 - 1,
+        "PREFETCH": 2**31 - 1,
+    }
+    with override_settings(CONVEYOR={"MAX_ATTEMPTS": 2**31}):
+        assert errors(check_settings) == [
+            "CONVEYOR['MAX_ATTEMPTS'] must be at most 2147483647, not 2147483648."
+        ]
+
+
 @pytest.mark.parametrize("setting", BOUNDED, ids=lambda s: s.name)
 def test_every_bound_refuses_the_value_past_it_with_e004(setting):
     value = int(setting.minimum) if setting.exclusive else int(setting.minimum) - 1

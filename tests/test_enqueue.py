@@ -139,7 +139,9 @@ class TestBadInput:
             task(local)
 
     def test_max_attempts_must_be_positive(self):
-        with pytest.raises(InvalidTask, match="max_attempts must be a whole number of 1 or more"):
+        with pytest.raises(
+            InvalidTask, match="max_attempts must be a whole number from 1 to 2147483647, not 0"
+        ):
             tasks.add.using(max_attempts=0)
 
     def test_per_task_options_cannot_change_per_call(self):
@@ -251,3 +253,147 @@ def test_enqueue_uses_the_callers_connection():
             assert cursor.fetchone() == ("available",)
         with connect("default") as other:
             assert other.execute("SELECT count(*) FROM conveyor_job").fetchone() == (0,)
+
+
+def deeply_nested(levels):
+    value = []
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+LATER = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
+
+# Refused before anything is written: (how to enqueue, exception, the message's words).
+REFUSED = {
+    "priority True": (
+        lambda: tasks.add.using(priority=True).enqueue(1, 2),
+        InvalidTask,
+        "priority must be a whole number from -100 to 100, not bool True.",
+    ),
+    "priority str": (
+        lambda: tasks.add.using(priority="5").enqueue(1, 2),
+        InvalidTask,
+        "priority must be a whole number from -100 to 100, not str '5'.",
+    ),
+    "priority float": (
+        lambda: tasks.add.using(priority=1.5).enqueue(1, 2),
+        InvalidTask,
+        "priority must be a whole number from -100 to 100, not float 1.5.",
+    ),
+    "priority out of range": (
+        lambda: tasks.add.using(priority=101).enqueue(1, 2),
+        InvalidTask,
+        "priority must be a whole number between -100 and 100.",
+    ),
+    "run_after str": (
+        lambda: tasks.add.using(run_after="2027-01-01").enqueue(1, 2),
+        InvalidTask,
+        "run_after must be a datetime, not str '2027-01-01'. Parse it first",
+    ),
+    "run_after timedelta": (
+        lambda: tasks.add.using(run_after=dt.timedelta(hours=1)).enqueue(1, 2),
+        InvalidTask,
+        "run_after must be a datetime, not timedelta",
+    ),
+    "run_after naive": (
+        lambda: tasks.add.using(run_after=dt.datetime(2030, 1, 1)).enqueue(1, 2),
+        InvalidTask,
+        "run_after must be an aware datetime.",
+    ),
+    "run_after past the cap": (
+        lambda: tasks.add.using(run_after=dt.datetime(9999, 1, 1, tzinfo=dt.UTC)).enqueue(1, 2),
+        InvalidTask,
+        "run_after must be at most 315360000 seconds (ten years) from now, not 9999-01-01",
+    ),
+    "args nested 100,000 deep": (
+        lambda: tasks.add.enqueue(deeply_nested(100_000), 2),
+        ArgumentsNotSerializable,
+        "add() args[0]",
+    ),
+    "NUL in args": (
+        lambda: tasks.add.enqueue("a\x00b", 2),
+        ArgumentsNotSerializable,
+        "add() args[0] contains a NUL character (\\x00), which PostgreSQL cannot store.",
+    ),
+    "NUL in kwargs": (
+        lambda: tasks.add.enqueue(1, b={"note": "x\x00"}),
+        ArgumentsNotSerializable,
+        "add() kwargs['b']['note'] contains a NUL character (\\x00)",
+    ),
+    "NUL in a key": (
+        lambda: tasks.add.enqueue(1, {"a\x00": 1}),
+        ArgumentsNotSerializable,
+        "add() args[1] key 'a\\x00' contains a NUL character",
+    ),
+    "lone surrogate": (
+        lambda: tasks.add.enqueue("\ud800", 2),
+        ArgumentsNotSerializable,
+        "add() args[0] contains a lone surrogate",
+    ),
+    "NaN in args": (
+        lambda: tasks.add.enqueue(float("nan"), 2),
+        ArgumentsNotSerializable,
+        "add() args[0] is nan, which JSON cannot represent",
+    ),
+    "infinity in kwargs": (
+        lambda: tasks.add.enqueue(1, b=[float("inf")]),
+        ArgumentsNotSerializable,
+        "add() kwargs['b'][0] is inf, which JSON cannot represent",
+    ),
+    "not JSON": (
+        lambda: tasks.add.enqueue(1, {2, 3}),
+        ArgumentsNotSerializable,
+        "add() args[1] is not JSON-serializable: set value {2, 3}.",
+    ),
+    "NUL in the idempotency key": (
+        lambda: tasks.add.using(idempotency_key="k\x00").enqueue(1, 2),
+        InvalidTask,
+        "idempotency_key 'k\\x00' contains a NUL character",
+    ),
+    "max_attempts past PostgreSQL's integer": (
+        lambda: tasks.add.using(max_attempts=2**31).enqueue(1, 2),
+        InvalidTask,
+        "max_attempts must be a whole number from 1 to 2147483647, not 2147483648.",
+    ),
+    "enqueue_many with a NUL": (
+        lambda: tasks.add.enqueue_many([((1, 2), {}), (("\x00", 2), {})]),
+        ArgumentsNotSerializable,
+        "add() args[0] contains a NUL character",
+    ),
+}
+
+
+class TestRefusedAtTheEdge:
+    @pytest.mark.parametrize(("enqueue", "error", "words"), REFUSED.values(), ids=REFUSED)
+    def test_refused_before_anything_is_written(self, enqueue, error, words):
+        with transaction.atomic():
+            Effect.objects.create(job_id=0, token=0, worker="", label="caller's own row")
+            with pytest.raises(error) as raised:
+                enqueue()
+            assert words in str(raised.value)
+            # Nothing was sent to PostgreSQL, so the caller's transaction goes on.
+            assert Job.objects.count() == 0
+            tasks.add.enqueue(1, 2)
+        assert Job.objects.count() == 1
+        assert Effect.objects.count() == 1
+
+    def test_nesting_up_to_the_limit_is_accepted(self):
+        from django_conveyor.serialization import MAX_DEPTH
+
+        result = tasks.add.enqueue(deeply_nested(MAX_DEPTH - 1), 2)
+        assert Job.objects.get(pk=result.id).args[0] == deeply_nested(MAX_DEPTH - 1)
+        with pytest.raises(ArgumentsNotSerializable, match="nests more than 100 levels"):
+            tasks.add.enqueue(deeply_nested(MAX_DEPTH), 2)
+
+    def test_a_run_after_within_the_cap_is_accepted(self):
+        result = tasks.add.using(run_after=LATER).enqueue(1, 2)
+        assert Job.objects.get(pk=result.id).run_after == LATER
+
+    @pytest.mark.parametrize(
+        ("option", "value"),
+        [("backoff_base", 1e300), ("backoff_cap", float("inf")), ("timeout", float("nan"))],
+    )
+    def test_task_options_past_what_postgresql_holds_are_refused(self, option, value):
+        with pytest.raises(InvalidTask, match=rf"{option} must be a positive number of seconds"):
+            task(**{option: value})(tasks.add.func)

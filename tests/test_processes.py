@@ -203,7 +203,17 @@ def child_pids(pid: int) -> list[int]:
     ("args", "code", "message"),
     [
         (["--concurrency", "0"], 2, "--concurrency: must be 1 or more, got 0"),
+        (["--concurrency", "100000"], 2, "--concurrency: must be at most 1024, got 100000"),
         (["--lease", "soon"], 2, "--lease: expected a number of seconds, got 'soon'"),
+        (["--lease", "inf"], 2, "--lease: must be at most 315360000 seconds (ten years), got inf"),
+        (["--lease", "1e300"], 2, "--lease: must be at most 315360000 seconds (ten years)"),
+        (["--shutdown-timeout", "nan"], 2, "--shutdown-timeout: expected a number of seconds"),
+        (["--interval=-inf"], 2, "--interval/--poll: must be zero or more seconds, got -inf"),
+        (
+            ["--prefetch", "99999999999", "--queues", "default"],
+            1,
+            "prefetch must be a whole number from 0 to 2147483647",
+        ),
         (["--queues", "nope"], 1, "Unknown queue(s) nope"),
     ],
 )
@@ -214,6 +224,30 @@ def test_bad_flags_are_named(args, code, message):
     )  # fmt: skip
     assert proc.returncode == code
     assert message in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("conveyor", "message"),
+    [
+        ('{"LEASE_SECONDS": NaN}', "CONVEYOR['LEASE_SECONDS'] must be a number, not nan."),
+        (
+            '{"POLL_SECONDS": Infinity}',
+            "CONVEYOR['POLL_SECONDS'] must be at most 315360000 seconds (ten years), not inf.",
+        ),
+        ('{"MAX_ATTEMPTS": 1e20}', "CONVEYOR['MAX_ATTEMPTS'] must be int, not float"),
+    ],
+)
+@pytest.mark.parametrize("skip_checks", [False, True], ids=["checks", "--skip-checks"])
+def test_bad_numeric_settings_stop_the_worker_at_start(conveyor, message, skip_checks):
+    proc = subprocess.run(
+        [sys.executable, "-m", "django", "conveyor_worker", "--burst", "--queues", "default",
+         *(["--skip-checks"] if skip_checks else [])],
+        cwd=REPO, env={**worker_env(), "CONVEYOR_TEST_CONVEYOR_JSON": conveyor},
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 1
+    assert message in proc.stderr
+    assert "Traceback" not in proc.stderr
 
 
 def test_burst_exits_zero_when_nothing_is_ready(tmp_path):

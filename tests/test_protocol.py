@@ -163,7 +163,7 @@ class TestFail(GuardedOutcome):
 
 class TestSnooze(GuardedOutcome):
     def write(self, cur, job_id, version, owner=OWNER):
-        return protocol.snooze(cur, owner=owner, snoozed=[(job_id, version, 30.0)])
+        return protocol.snooze(cur, owner=owner, snoozed=[(job_id, version, 30.0, None)])
 
     def test_gives_the_attempt_back(self, cur):
         job = JobFactory(running=True, attempt=2)
@@ -401,7 +401,7 @@ class TestRequestCancel:
             written = protocol.retry(cur, owner=OWNER, failures=[(job.id, 1, 0.0, {})])
             assert written == {job.id: "cancelled"}
         elif hand_back == "snooze":
-            assert protocol.snooze(cur, owner=OWNER, snoozed=[(job.id, 1, 0.0)]) == {job.id}
+            assert protocol.snooze(cur, owner=OWNER, snoozed=[(job.id, 1, 0.0, None)]) == {job.id}
         else:
             assert protocol.release(cur, owner=OWNER, held=[(job.id, 1)]) == {job.id}
         after = row(job)

@@ -277,7 +277,7 @@ class ProtocolMachine(RuleBasedStateMachine):
     def snooze(
         self, cur: Cursor, worker: str, job_id: int, version: int, valid: bool
     ) -> str | None:
-        written = protocol.snooze(cur, owner=worker, snoozed=[(job_id, version, 0.0)])
+        written = protocol.snooze(cur, owner=worker, snoozed=[(job_id, version, 0.0, None)])
         return self.handed_back(job_id, written, valid)
 
     def handed_back(self, job_id: int, written: set[int], valid: bool) -> str | None:

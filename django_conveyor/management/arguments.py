@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Callable
+
+from django_conveyor.conf import MAX_INT, MAX_SECONDS
 
 MAX_WORKER_ID_LENGTH = 64
 MAX_PORT = 65535
@@ -20,7 +23,21 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be 1 or more, got {value}")
+    if value > MAX_INT:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_INT}, got {value}")
     return value
+
+
+def int_up_to(maximum: int) -> Callable[[str], int]:
+    """A whole number from 1 to `maximum`."""
+
+    def parse(text: str) -> int:
+        value = positive_int(text)
+        if value > maximum:
+            raise argparse.ArgumentTypeError(f"must be at most {maximum}, got {value}")
+        return value
+
+    return parse
 
 
 def port_number(text: str) -> int:
@@ -38,8 +55,14 @@ def non_negative_seconds(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if value < 0 or math.isnan(value):
+    if math.isnan(value):
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text}")
+    if value < 0:
         raise argparse.ArgumentTypeError(f"must be zero or more seconds, got {text}")
+    if value > MAX_SECONDS:
+        raise argparse.ArgumentTypeError(
+            f"must be at most {MAX_SECONDS:.0f} seconds (ten years), got {text}"
+        )
     return value
 
 

@@ -27,7 +27,7 @@ from tests.pgbouncer.bouncer import (
     session_state_errors,
 )
 
-from . import pg, verify
+from . import pg, poison, verify
 from .injectors import Injector, Kill9, PgRestart, SigStop, SigStopInAtomic
 from .proxy import FaultProxy
 from .workers import WorkerPool
@@ -39,6 +39,7 @@ SCENARIOS = ("kill9", "sigstop", "pg-restart", "network")
 # (until the end), which only the bound on the guarded transaction resolves.
 ATOMIC = "sigstop-atomic"
 ATOMIC_INSIDE_SECONDS = (0.3, 1.2)  # Its default --inside: long enough to be caught there.
+POISON = "poison"  # Its faults are the jobs themselves (poison.py), not an injector.
 POOLER_MODES = ("poll-only", "listener-dsn")
 LATENCY_SECONDS = 0.030
 DROP_RATE = 0.05
@@ -49,7 +50,12 @@ ALL_PACE = 3.0  # Together, each fault strikes this many times less often.
 WORKFLOW_SHAPE = {"a": (), "b": ("a",), "c": ("a",), "d": ("b", "c"), "e": ("d",)}
 WORKFLOW_STEPS = len(WORKFLOW_SHAPE)
 
-NOT_FINAL = "SELECT count(*) FROM conveyor_job WHERE state <> ALL(%(final)s)"
+# Poisoned jobs that wait at the delay cap are checked by poison.check instead.
+NOT_FINAL = """
+SELECT count(*) FROM conveyor_job WHERE state <> ALL(%(final)s) AND id <> ALL(%(parked)s)
+"""
+CONTROL_LOOP_ERROR = "control loop error"
+ONE_BY_ONE = "writing them one by one"
 TRACEBACKS = "SELECT id, e->>'traceback' FROM conveyor_job, jsonb_array_elements(errors) AS e"
 
 
@@ -70,12 +76,14 @@ class Params:
 
     @property
     def faults(self) -> tuple[str, ...]:
+        if self.scenario == POISON:
+            return ()
         return SCENARIOS if self.scenario == "all" else (self.scenario,)
 
 
 def parse_args(argv: list[str] | None) -> Params:
     parser = argparse.ArgumentParser(description="Run a fault-injection scenario.")
-    parser.add_argument("--scenario", required=True, choices=[*SCENARIOS, ATOMIC, "all"])
+    parser.add_argument("--scenario", required=True, choices=[*SCENARIOS, ATOMIC, "all", POISON])
     parser.add_argument("--jobs", type=int, default=60)
     parser.add_argument("--out", type=Path, required=True, help="Folder for fault-NAME.json.")
     parser.add_argument("--workers", type=int, default=3, help="Worker processes (default 3).")
@@ -185,6 +193,7 @@ class Run:
         self.pg_started = False
         self.respawned = 0
         self.progress: list[tuple[float, int]] = []  # (seconds, jobs final)
+        self.poisoned: dict[int, str] = {}  # Job id -> poison kind (scenario poison).
 
     def execute(self) -> dict[str, Any]:
         p = self.params
@@ -216,12 +225,18 @@ class Run:
                 seed=self.rng.randrange(2**31),
             )
             self.proxy.start()
+        setup = self.pooler_setup()
+        if p.scenario == POISON:
+            setup["extra_env"] = {**setup.get("extra_env", {}), **poison.WORKER_ENV}
+        from .settings import QUEUE  # Imported once migrate() set the server's port.
+
         self.pool = WorkerPool(
+            queue=QUEUE,
             count=p.workers,
             concurrency=p.concurrency,
             db_port=worker_port,
             log_dir=self.log_dir,
-            **self.pooler_setup(),
+            **setup,
         )
         started = time.monotonic()
         self.pool.start_all()
@@ -240,8 +255,11 @@ class Run:
         duration = time.monotonic() - started
         pg.start(self.data_dir, self.pg_port)  # Up again, whatever the injector left.
         facts = verify.read_logs(sorted(self.log_dir.glob("*.log")))
+        ordinary = p.jobs - len(self.poisoned)
         with pg.connect(self.pg_port) as conn:
-            figures = verify.check(conn, p.jobs, facts)
+            figures = verify.check(conn, ordinary, facts)
+            if p.scenario == POISON:
+                poisoned, poison_failures = poison.check(conn, self.poisoned)
         if p.workflows:
             with pg.connect(self.pg_port) as conn:
                 figures["workflows"] = verify.check_workflows(conn, p.workflows)
@@ -252,6 +270,14 @@ class Run:
                     conn, self.atomic_freezes()
                 )
             failed += verify.atomic_failures(figures["frozen_inside_atomic"])
+        if p.scenario == POISON:
+            figures["lost"] -= len(self.parked())  # Waiting at the cap, as poison.check saw.
+            failed = verify.failures(figures, require_stale=False) + poison_failures
+            figures["poison"] = {**poisoned, **self.log_counts()}
+            if figures["poison"]["control_loop_errors_logged"]:
+                failed.append("A worker logged a control loop error: a batch failed.")
+            if self.respawned:
+                failed.append(f"{self.respawned} worker(s) exited during the run.")
         if self.bouncer:
             logs = [*sorted(self.log_dir.glob("*.log")), self.bouncer.log]
             errors = session_state_errors(logs)  # Handlers' errors are only in the jobs' rows:
@@ -262,6 +288,16 @@ class Run:
             if errors:
                 failed.append(f"{len(errors)} session-state error(s) logged, first: {errors[0]}")
         return self.report(figures, failed, duration, settled_at)
+
+    def parked(self) -> list[int]:
+        return [i for i, kind in self.poisoned.items() if kind in poison.PARKED]
+
+    def log_counts(self) -> dict[str, int]:
+        texts = [log.read_text(errors="replace") for log in self.log_dir.glob("*.log")]
+        return {
+            "control_loop_errors_logged": sum(t.count(CONTROL_LOOP_ERROR) for t in texts),
+            "batches_written_one_by_one": sum(t.count(ONE_BY_ONE) for t in texts),
+        }
 
     def pooler_setup(self) -> dict[str, Any]:
         """The workers' extra flags and environment behind PgBouncer (tests/faults/settings.py)."""
@@ -294,6 +330,7 @@ class Run:
         from .tasks import TASK_PATH
 
         p = self.params
+        attempts = int(CONVEYOR["MAX_ATTEMPTS"])
         jobs = [
             protocol.NewJob(
                 task_path=TASK_PATH,
@@ -305,12 +342,20 @@ class Run:
                 queue=QUEUE,
                 backend="default",
                 priority=0,
-                max_attempts=int(CONVEYOR["MAX_ATTEMPTS"]),
+                max_attempts=attempts,
             )
             for _ in range(p.jobs)
         ]
+        chosen = poison.choose(self.rng, p.jobs) if p.scenario == POISON else {}
+        for position, name in chosen.items():
+            kind = poison.KINDS[name]
+            jobs[position] = protocol.NewJob(
+                kind.task_path, list(kind.args), {}, QUEUE, "default", 0,
+                kind.max_attempts or attempts,
+            )  # fmt: skip
         with pg.connect(self.pg_port) as conn, conn.transaction(), conn.cursor() as cur:
-            protocol.enqueue(cur, jobs, notify=True)
+            rows = protocol.enqueue(cur, jobs, notify=True)
+        self.poisoned = {rows[position].id: name for position, name in chosen.items()}
 
     def enqueue_workflows(self) -> None:
         """Every workflow in one transaction, one ENQUEUE per step name (in dependency order)."""
@@ -384,7 +429,7 @@ class Run:
             if elapsed > self.params.timeout * FAULT_WINDOW:
                 self.stop_injectors()
             self.respawned += self.pool.respawn_exited()
-            rows = pg.query(self.pg_port, NOT_FINAL, {"final": final})
+            rows = pg.query(self.pg_port, NOT_FINAL, {"final": final, "parked": self.parked()})
             if rows is not None:
                 self.progress.append((round(elapsed, 1), self.params.jobs - rows[0][0]))
                 if rows[0][0] == 0:

@@ -42,7 +42,9 @@ QUEUE = "faults"
 TASKS = {
     "default": {
         "BACKEND": "django_conveyor.backend.ConveyorBackend",
-        "QUEUES": [QUEUE],
+        # Any queue name: the `poison` scenario's handlers live in tests.testapp
+        # (queue "default"); the workers serve QUEUE alone (--queues, workers.py).
+        "QUEUES": [],
     }
 }
 

@@ -41,7 +41,9 @@ class WorkerPool:
         log_dir: Path,
         extra_args: tuple[str, ...] = (),
         extra_env: dict[str, str] | None = None,
+        queue: str = "faults",  # The one queue served (tests/faults/settings.py: QUEUE).
     ) -> None:
+        self.queue = queue
         self.count = count
         self.concurrency = concurrency
         self.db_port = db_port
@@ -79,6 +81,8 @@ class WorkerPool:
                         "conveyor_worker",
                         "-v",
                         "1",
+                        "--queues",
+                        self.queue,
                         "--concurrency",
                         str(self.concurrency),
                         "--worker-id",

@@ -219,6 +219,62 @@ async def async_sleeper(label, seconds):
     return "slept"
 
 
+# -- poisoned handlers (issue 8): what they return, raise or ask for cannot be stored as is.
+
+HUGE_SNOOZE_SECONDS = 1_700_000_000_000  # Milliseconds since 1970 passed as seconds.
+POISONS = {
+    "nul_return": "returns 'a\\x00b'",
+    "nul_discard": "raises Discard('bad byte \\x00')",
+    "nul_exception": "raises ValueError('bad byte \\x00')",
+    "nan_snooze": "raises Snooze(nan)",
+    "inf_snooze": "raises Snooze(inf)",
+    "negative_snooze": "raises Snooze(-1)",
+    "huge_snooze": f"raises Snooze({HUGE_SNOOZE_SECONDS})",
+    "nan_return": "returns nan",
+    "deep_return": "returns lists nested 1,000 deep",
+}
+
+
+@task()
+def poison(kind):
+    """Misbehave as `kind` says (POISONS)."""
+    if kind == "nul_return":
+        return "a\x00b"
+    if kind == "nul_discard":
+        raise Discard("bad byte \x00")
+    if kind == "nul_exception":
+        raise ValueError("bad byte \x00")
+    if kind.endswith("_snooze"):
+        seconds = {"nan": float("nan"), "inf": float("inf"), "negative": -1}
+        raise Snooze(seconds.get(kind.removesuffix("_snooze"), HUGE_SNOOZE_SECONDS))
+    if kind == "nan_return":
+        return float("nan")
+    if kind == "deep_return":
+        value = []
+        for _ in range(1000):
+            value = [value]
+        return value
+    raise AssertionError(f"unknown poison {kind!r}")
+
+
+@task(max_attempts=1)
+def huge_backoff():
+    raise ValueError("fails once, with a backoff no database can add to now()")
+
+
+# A task option that escaped validation (a subclass, a bug): the worker must cap it still.
+object.__setattr__(huge_backoff, "backoff_base", 1e300)
+object.__setattr__(huge_backoff, "backoff_cap", 1e300)
+
+
+@task()
+def unchecked_poison(kind):
+    """What the checks before SQL stop, sent to PostgreSQL anyway (tests/unchecked.py)."""
+    if kind == "nul_return":
+        return "a\x00b"
+    raise ValueError("unchecked: bad byte \x00")
+
+
 @task()
 def enqueues_child(key):
     """Enqueues add(1, 2) under an idempotency key: a second run replays it."""

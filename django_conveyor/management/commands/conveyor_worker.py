@@ -15,6 +15,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django_conveyor.conf import conveyor_settings
 from django_conveyor.exceptions import ConveyorConfigurationError
 from django_conveyor.management.arguments import (
+    int_up_to,
     non_negative_seconds,
     port_number,
     positive_int,
@@ -23,7 +24,14 @@ from django_conveyor.management.arguments import (
     worker_id,
 )
 from django_conveyor.supervisor import Supervisor
-from django_conveyor.worker import Worker, WorkerOptions, worker_database
+from django_conveyor.worker import (
+    MAX_CONCURRENCY,
+    Worker,
+    WorkerConfig,
+    WorkerOptions,
+)
+
+MAX_PROCESSES = 256  # Worker processes one supervisor forks.
 
 
 class Command(BaseCommand):
@@ -40,13 +48,13 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--concurrency",
-            type=positive_int,
+            type=int_up_to(MAX_CONCURRENCY),
             default=4,
             help="Handler slots per process (default 4).",
         )
         parser.add_argument(
             "--processes",
-            type=positive_int,
+            type=int_up_to(MAX_PROCESSES),
             default=1,
             help="Worker processes to supervise (default 1).",
         )
@@ -119,7 +127,10 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        configure_logging(options["verbosity"])
+        try:
+            configure_logging(options["verbosity"])
+        except ConveyorConfigurationError as exc:  # Checks skipped: refuse it here, clearly.
+            raise CommandError(str(exc)) from exc
         known = self.backend_queues(options["backend"])
         queues = options["queues"] or sorted(known)
         unknown = sorted(set(queues) - known) if known else []
@@ -136,10 +147,6 @@ class Command(BaseCommand):
             raise CommandError(
                 "--worker-id names one process; it cannot be used with --processes > 1."
             )
-        try:
-            worker_database(tuple(queues))
-        except ConveyorConfigurationError as exc:
-            raise CommandError(str(exc)) from exc
         worker_options = WorkerOptions(
             queues=tuple(queues),
             concurrency=options["concurrency"],
@@ -153,6 +160,10 @@ class Command(BaseCommand):
             worker_id=options["worker_id"],
             cron=not options["no_cron"],
         )
+        try:
+            WorkerConfig.resolve(worker_options)  # Before any fork: the one clear refusal.
+        except ConveyorConfigurationError as exc:
+            raise CommandError(str(exc)) from exc
         exporter = self.exporter(options)
         if options["processes"] == 1:
             code = exporter(worker_options, 0)
