@@ -10,12 +10,13 @@ States and the only transitions (DESIGN §3)::
     blocked --UNBLOCK (with the COMPLETE of its last dependency)--> available
     blocked --CANCEL_DEPENDENTS (with a dependency's FAIL / dead / CANCEL)--> cancelled
     cancelled by a dependency --REBLOCK_DEPENDENTS (with that REQUEUE)--> blocked
+    available, policy 'run', not claimed --REBLOCK_DEPENDENTS (a dependency requeued)--> blocked
     available --CLAIM--> running --COMPLETE--> completed
     available, isolated --CLAIM_ISOLATED--> running (one per worker, alone)
     available <--RETRY / SNOOZE / RELEASE / REAP-- running
     running --FAIL--> failed      running --RETRY / REAP (attempts used)--> dead
     blocked / available --CANCEL--> cancelled
-    failed / dead / cancelled --REQUEUE--> available
+    failed / dead / cancelled --REQUEUE--> available (blocked with dependencies)
     running --REQUEST_CANCEL--> running, with a cancel request (no state change)
     running with a cancel request --CANCEL_HELD (holder) / REAP (expired)--> cancelled
     (a schedule's tick) --CRON_ENQUEUE--> available, with the row of conveyor_cron advanced

@@ -28,7 +28,8 @@
  *
  * Properties (pan -N name): safety (all invariants at once),
  * lease_exclusive, fenced_writes, effect_once, lock_held, crash_contained,
- * dependents_wait, unblock_fenced, counter_exact, cascade_cause, cancel_honoured,
+ * dependents_wait, unblock_fenced, counter_exact, cascade_cause, operator_cancel,
+ * cancel_honoured,
  * one_job_per_tick; liveness all_final, every_tick.
  *
  * Mutations (spec/mutations.toml) edit the macros below in a copy of this
@@ -208,7 +209,9 @@ byte locked[MAXJ];              /* claim id whose guarded transaction holds the 
 bool isolated[MAXJ];
 bool cancel_req[MAXJ];          /* cancel_requested_at IS NOT NULL */
 byte pending[MAXJ];             /* pending_dependencies */
-byte cause[MAXJ] = NOJOB;       /* the dependency that cancelled it */
+byte cause[MAXJ] = NOJOB;       /* the dependency its last error (DependencyFailed) names */
+byte count[MAXJ];               /* REBLOCK_DEPENDENTS' counts, within its transaction */
+byte rq = 0; byte up = 0;       /* REBLOCK_DEPENDENTS: jobs written so far, in this level */
 /* conveyor_ledger (unique per job and effect key) and the business table */
 byte ledger[MAXJ];              /* claim id of the committed ledger row; 0: none */
 byte business[MAXJ];            /* committed business rows */
@@ -226,6 +229,8 @@ byte h_cancelled_effect = 0;    /* guarded effects committed after a cancel requ
 byte h_rerun = 0;               /* claims of a job with a cancel request */
 byte h_iso_claim = 0;           /* isolated jobs taken by CLAIM */
 byte h_unfenced = 0;            /* dependents unblocked other than by a holder's COMPLETE */
+byte h_cause = 0;               /* cascades naming a dependency that did not fail */
+byte h_operator = 0;            /* jobs an operator cancelled, brought back by another's REQUEUE */
 bool g_fenced = false;          /* this COMPLETE landed for the lease holder */
 
 /* ---------------- the workers' beliefs --------------------------------- */
@@ -295,7 +300,7 @@ byte cron_jobs[MAX_TICK + 1];   /* jobs inserted per tick */
 #define EFFECT_COMMITS_ALONE 0
 #define TXN_BOUND 1
 #define DECREMENT(x) pending[x]--
-#define RECOUNT_RUN_DEPENDENTS 1
+#define RUN_WAITS(s) ((s) == BLOCKED || (s) == AVAILABLE)   /* a 'run' dependent not started */
 #define INSERT_TICK(t) if :: cron_jobs[t] == 0 -> cron_jobs[t] = 1 :: else -> skip fi
 #define UNBLOCK_IF_REFUSED(j) skip
 #define CASCADE_IF_REFUSED(j) skip
@@ -319,8 +324,10 @@ byte cron_jobs[MAX_TICK + 1];   /* jobs inserted per tick */
 #define ONE_HOLDER(j) ((VALID(0, j) + VALID(1, j) + VALID(2, j)) <= 1)
 #define HOLDER_OK(k) (v_job[k] == NOJOB || ((!VALID(k, v_job[k]) || v_gid[k] == claims[v_job[k]]) \
                       && v_tok[k] <= version[v_job[k]]))
+#define HELD_RUNNING(j) (holder[j] == 0 || jstate[j] == RUNNING)
 #define LEASE_OK (ONE_HOLDER(0) && ONE_HOLDER(1) && ONE_HOLDER(2) && ONE_HOLDER(3) \
-                  && HOLDER_OK(0) && HOLDER_OK(1) && HOLDER_OK(2) && h_double == 0)
+                  && HOLDER_OK(0) && HOLDER_OK(1) && HOLDER_OK(2) && h_double == 0 \
+                  && HELD_RUNNING(0) && HELD_RUNNING(1) && HELD_RUNNING(2) && HELD_RUNNING(3))
 
 #define FENCED (h_stale == 0)
 
@@ -340,18 +347,21 @@ byte cron_jobs[MAX_TICK + 1];   /* jobs inserted per tick */
 #define CRASH_OK (h_iso_claim == 0 && !(ISO_LEASE(0) && ISO_LEASE(1)) && \
                   lost_to[0] <= 1 && lost_to[1] <= 1 && lost_to[2] <= 1 && lost_to[3] <= 1)
 
-#define WAIT_OK (h_early == 0)
+#define AVAIL_J(x) (jstate[x] != AVAILABLE || UNSAT_COUNT(x) == 0)
+#define WAIT_OK (h_early == 0 && AVAIL_J(0) && AVAIL_J(1) && AVAIL_J(2) && AVAIL_J(3))
 #define UNBLOCK_OK (h_unfenced == 0)
 #define COUNT_J(x) (jstate[x] != BLOCKED || pending[x] == UNSAT_COUNT(x))
 #define COUNT_OK (COUNT_J(0) && COUNT_J(1) && COUNT_J(2) && COUNT_J(3))
 #define NODOOM_D(x, d) (!DEP(x, d) || !DOOMED(jstate[d]))
 #define NODOOM_J(x) (jstate[x] != BLOCKED || RUN_ANYWAY(x) || \
                      (NODOOM_D(x, 0) && NODOOM_D(x, 1) && NODOOM_D(x, 2) && NODOOM_D(x, 3)))
-#define CAUSE_J(x) (jstate[x] != CANCELLED || cause[x] == NOJOB || \
-                    (DEP(x, cause[x]) && DOOMED(jstate[cause[x]])))
-#define WF_OK (NODOOM_J(0) && NODOOM_J(1) && NODOOM_J(2) && NODOOM_J(3) && \
+#define DOOMED_DEP(x) ((DEP(x, 0) && DOOMED(jstate[0])) || (DEP(x, 1) && DOOMED(jstate[1])) || \
+                       (DEP(x, 2) && DOOMED(jstate[2])) || (DEP(x, 3) && DOOMED(jstate[3])))
+#define CAUSE_J(x) (jstate[x] != CANCELLED || cause[x] == NOJOB || (DEP(x, cause[x]) && DOOMED_DEP(x)))
+#define WF_OK (h_cause == 0 && NODOOM_J(0) && NODOOM_J(1) && NODOOM_J(2) && NODOOM_J(3) && \
                CAUSE_J(0) && CAUSE_J(1) && CAUSE_J(2) && CAUSE_J(3))
 
+#define OPERATOR_OK (h_operator == 0)
 #define CANCEL_OK (h_cancelled_effect == 0 && h_rerun == 0)
 #define TICKS_OK (cron_jobs[0] <= 1 && cron_jobs[MAX_TICK] <= 1 && \
                   (MAX_TICK < 2 || cron_jobs[1] <= 1) && (MAX_TICK < 3 || cron_jobs[2] <= 1))
@@ -453,7 +463,8 @@ inline cancel_dependents(j) {
                  :: else -> skip
                  fi
             :: n > 0 && !RUN_ANYWAY(x) ->
-                 jstate[x] = CANCELLED; cause[x] = c; nf = nf | (1 << x)
+                 jstate[x] = CANCELLED; cause[x] = c; nf = nf | (1 << x);
+                 if :: !DOOMED(jstate[c]) -> h_cause++ :: else -> skip fi
             :: else -> skip
             fi
        :: else -> skip
@@ -474,59 +485,70 @@ inline settle(j, st) {
   fi
 }
 
-/* REBLOCK_DEPENDENTS, in REQUEUE's transaction: job j (failed, dead or
- * cancelled) gets a fresh set of attempts; the dependents CANCEL_DEPENDENTS cancelled because
- * of it return to blocked, transitively, unless another dependency of theirs
- * is still failed, dead or cancelled (then they stay, naming that one).    */
+/* REBLOCK_DEPENDENTS, after REQUEUE in its transaction, as the code runs
+ * them.  REQUEUE makes job j blocked when it has dependencies, else
+ * available.  REBLOCK_DEPENDENTS runs one statement per level (frontier nf,
+ * jobs written so far rq): the candidates are the blocked jobs of the
+ * frontier, and its dependents that have policy 'run' and have not started
+ * (RUN_WAITS) or were cancelled because of a dependency (cause: their last
+ * error is DependencyFailed); each is counted from the states before the
+ * statement (n unfinished, c unsettled) and written if blocked, a 'run' one
+ * not started, or cancelled with no dependency failed, dead or cancelled:
+ * pending = c ('run') or n, blocked while above 0, else available.  The
+ * next frontier is what the statement wrote that no level had written.    */
+#define DEP_IN(x, m) ((DEP(x, 0) && ((m) & 1)) || (DEP(x, 1) && ((m) & 2)) || \
+                      (DEP(x, 2) && ((m) & 4)) || (DEP(x, 3) && ((m) & 8)))
+#define REBLOCK_CANDIDATE(x, m) ((((m) & (1 << (x))) && jstate[x] == BLOCKED) || \
+    (DEP_IN(x, m) && ((RUN_ANYWAY(x) && RUN_WAITS(jstate[x])) || \
+                      (jstate[x] == CANCELLED && cause[x] != NOJOB))))
+#define REBLOCK_WRITES(x, n, c) (jstate[x] == BLOCKED || (RUN_ANYWAY(x) && RUN_WAITS(jstate[x])) || \
+    (jstate[x] == CANCELLED && (RUN_ANYWAY(x) || (n) == (c))))
+#define HAS_DEPS(j) (DEP(j, 0) || DEP(j, 1) || DEP(j, 2) || DEP(j, 3))
 inline requeue(j) {
-  nf = (1 << j);                /* the jobs that come back: j and R */
-  x = j + 1;
-  do
-  :: x < NJ ->
-       if
-       :: jstate[x] == CANCELLED && cause[x] != NOJOB && (nf & (1 << cause[x])) ->
-            d = 0; n = 0;
-            do
-            :: d < NJ -> if :: DEP(x, d) && !(nf & (1 << d)) && DOOMED(jstate[d]) -> n++; c = d :: else -> skip fi; d++
-            :: else -> break
-            od;
-            if
-            :: n == 0 -> nf = nf | (1 << x)
-            :: else -> cause[x] = c
-            fi
-       :: else -> skip
-       fi;
-       x++
-  :: else -> break
-  od;
-  /* the jobs that come back are no longer final; then count */
-  x = 0;
-  do
-  :: x < NJ -> if :: (nf & (1 << x)) -> jstate[x] = BLOCKED; cause[x] = NOJOB :: else -> skip fi; x++
-  :: else -> break
-  od;
-  x = 0;
-  do
-  :: x < NJ ->
-       if
-       :: (nf & (1 << x)) -> pending[x] = UNSAT_COUNT(x)
-       :: !(nf & (1 << x)) && jstate[x] == BLOCKED && RUN_ANYWAY(x) && RECOUNT_RUN_DEPENDENTS ->
-            d = 0;
-            do
-            :: d < NJ -> if :: DEP(x, d) && (nf & (1 << d)) -> pending[x]++ :: else -> skip fi; d++
-            :: else -> break
-            od
-       :: else -> skip
-       fi;
-       x++
-  :: else -> break
-  od;
-  if
-  :: pending[j] == 0 -> jstate[j] = AVAILABLE
-  :: else -> skip
-  fi;
+  jstate[j] = (HAS_DEPS(j) -> BLOCKED : AVAILABLE); cause[j] = NOJOB;
   attempt[j] = 0; isolated[j] = false; cancel_req[j] = false;
-  x = 0; d = 0; n = 0; c = 0; nf = 0
+  nf = (1 << j); rq = nf;
+  do
+  :: nf != 0 ->
+       up = 0; x = 0;
+       do
+       :: x < NJ ->
+            if
+            :: REBLOCK_CANDIDATE(x, nf) ->
+                 d = 0; n = 0; c = 0;
+                 do
+                 :: d < NJ ->
+                      if :: DEP(x, d) && jstate[d] != COMPLETED -> n++ :: else -> skip fi;
+                      if :: DEP(x, d) && !FINAL(jstate[d]) -> c++ :: else -> skip fi;
+                      d++
+                 :: else -> break
+                 od;
+                 if
+                 :: REBLOCK_WRITES(x, n, c) -> up = up | (1 << x); count[x] = (RUN_ANYWAY(x) -> c : n)
+                 :: else -> skip
+                 fi
+            :: else -> skip
+            fi;
+            x++
+       :: else -> break
+       od;
+       x = 0;
+       do
+       :: x < NJ ->
+            if
+            :: (up & (1 << x)) ->
+                 if :: x != j && jstate[x] == CANCELLED && cause[x] == NOJOB -> h_operator++ :: else -> skip fi;
+                 pending[x] = count[x]; jstate[x] = (count[x] > 0 -> BLOCKED : AVAILABLE);
+                 cause[x] = NOJOB; count[x] = 0
+            :: else -> skip
+            fi;
+            x++
+       :: else -> break
+       od;
+       nf = up & ~rq; rq = rq | up
+  :: else -> break
+  od;
+  x = 0; d = 0; n = 0; c = 0; nf = 0; rq = 0; up = 0
 }
 
 /* a claim hands job j to slot k of worker w */
@@ -958,7 +980,7 @@ T0: do \
 }
 
 INVARIANT(safety, LEASE_OK && FENCED && EFFECT_OK && LOCK_OK && CRASH_OK && WAIT_OK && UNBLOCK_OK
-                  && COUNT_OK && WF_OK && CANCEL_OK && TICKS_OK)
+                  && COUNT_OK && WF_OK && OPERATOR_OK && CANCEL_OK && TICKS_OK)
 INVARIANT(lease_exclusive, LEASE_OK)
 INVARIANT(fenced_writes, FENCED)
 INVARIANT(effect_once, EFFECT_OK)
@@ -968,6 +990,7 @@ INVARIANT(dependents_wait, WAIT_OK)
 INVARIANT(unblock_fenced, UNBLOCK_OK)
 INVARIANT(counter_exact, COUNT_OK)
 INVARIANT(cascade_cause, WF_OK)
+INVARIANT(operator_cancel, OPERATOR_OK)
 INVARIANT(cancel_honoured, CANCEL_OK)
 INVARIANT(one_job_per_tick, TICKS_OK)
 

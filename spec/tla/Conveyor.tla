@@ -246,6 +246,9 @@ CancelClosure(C, n) ==
 \*   CANCEL_DEPENDENTS (st failed, dead or cancelled): blocked dependents with
 \*     policy 'cancel' become cancelled, naming the dependency, transitively;
 \*     blocked dependents with policy 'run' are decremented like UNBLOCK.
+\* The code runs CANCEL_DEPENDENTS one statement per level of the graph (on
+\* the ids the level before cancelled), looped in the same transaction; the
+\* model takes the closure in one step, as one transaction.
 \* Returns the new state, pending and cause columns and the alarms raised.
 Moved(j, st) ==
   IF ~Workflows
@@ -276,26 +279,72 @@ UNBLOCK(j)               == Moved(j, "completed")
 CANCEL_DEPENDENTS(j, st) == Moved(j, st)   \* st \in Doomed
 
 \* Apply the result of Moved, with the alarms of the statement itself.
+\* A job newly cancelled by CANCEL_DEPENDENTS must name a dependency that the
+\* same statement leaves failed, dead or cancelled.
 SetMoved(m, more) ==
     /\ jstate'  = m.js
     /\ pending' = m.pd
     /\ cause'   = m.cs
     /\ alarms'  = alarms \cup m.al \cup more
+         \cup {[kind |-> "cause", act |-> "CANCEL_DEPENDENTS", job |-> x] :
+                 x \in {y \in Jobs : /\ m.js[y] = "cancelled" /\ jstate[y] # "cancelled"
+                                     /\ m.cs[y] # NoJob /\ m.js[m.cs[y]] \notin Doomed}}
 
-\* REBLOCK_DEPENDENTS, for REQUEUE of j: the dependents that CANCEL_DEPENDENTS
-\* cancelled because of j, transitively, return to blocked -- unless another
-\* of their dependencies is still failed, dead or cancelled, in which case
-\* they stay cancelled and name that one instead.
-RECURSIVE Reblocked(_, _, _)
-Reblocked(j, R, n) ==
-    IF n = 0 THEN R
-    ELSE Reblocked(j, R \cup {x \in Jobs :
-                     /\ jstate[x] = "cancelled"
-                     /\ cause[x] \in {j} \cup R
-                     /\ \A d \in Deps[x] : d \in {j} \cup R \/ jstate[d] \notin Doomed},
-                   n - 1)
+\* REBLOCK_DEPENDENTS, in REQUEUE's transaction, as the code runs it: one
+\* statement per level of the graph, looped until a level writes no job that
+\* an earlier level has not written (the model runs the loop in one step, as
+\* one transaction).  Each statement, for the frontier F:
+\*   candidates: the jobs of F that are blocked (a requeued job with
+\*     dependencies comes back blocked), and the dependents of F that are
+\*     not yet started with policy 'run' (blocked or available: their
+\*     dependency is unfinished again), or cancelled because of a dependency
+\*     (their last error is DependencyFailed: cause # NoJob; an operator's
+\*     cancel leaves another last error, and stays);
+\*   their dependencies are share-locked and counted, from the states before
+\*     the statement: unfinished (not completed) and unsettled (not final);
+\*   written, under the candidate's row lock: a blocked one, a not-yet-started
+\*     'run' one, a cancelled one with policy 'run' or with no dependency
+\*     failed, dead or cancelled (unfinished = unsettled).  It gets
+\*     pending_dependencies = unsettled ('run') or unfinished ('cancel'), and
+\*     is blocked while that is above 0, else available.
+\* A job cancelled because of a dependency therefore stays cancelled while
+\* another dependency of it is failed, dead or cancelled, and its last error
+\* still names the dependency that cancelled it; it comes back when that
+\* other one is requeued.  The model clears cause when a job comes back:
+\* every later way to 'cancelled' but SNOOZE or RELEASE after a cancel
+\* request appends another error entry, and a job that got that far ran, so
+\* every dependency of it is completed and it is never a candidate again.
+RunWaitsAgain == {"blocked", "available"}   \* a 'run' dependent not yet started
 
-REBLOCK_DEPENDENTS(j) == Reblocked(j, {}, Cardinality(Jobs))
+Unfinished(x, js) == Cardinality({d \in Deps[x] : js[d] # "completed"})
+Unsettled(x, js)  == Cardinality({d \in Deps[x] : js[d] \notin Final})
+Recount(x, js)    == IF x \in RunAnyway THEN Unsettled(x, js) ELSE Unfinished(x, js)
+
+ReblockCandidates(F, js, cs) ==
+    {x \in F : js[x] = "blocked"}
+    \cup {x \in Jobs : /\ Deps[x] \cap F # {}
+                       /\ \/ x \in RunAnyway /\ js[x] \in RunWaitsAgain
+                          \/ js[x] = "cancelled" /\ cs[x] # NoJob}
+
+ReblockWrites(x, js) ==
+    \/ js[x] = "blocked"
+    \/ x \in RunAnyway /\ js[x] \in RunWaitsAgain
+    \/ js[x] = "cancelled" /\ (x \in RunAnyway \/ Unfinished(x, js) = Unsettled(x, js))
+
+\* st: the columns [js, pd, cs]; F: the frontier; Q: the jobs written so far.
+RECURSIVE ReblockLevels(_, _, _)
+ReblockLevels(st, F, Q) ==
+    IF F = {} THEN st
+    ELSE LET U    == {x \in ReblockCandidates(F, st.js, st.cs) : ReblockWrites(x, st.js)}
+             n(x) == Recount(x, st.js)
+         IN ReblockLevels(
+              [js |-> [x \in Jobs |-> IF x \notin U THEN st.js[x]
+                                     ELSE IF n(x) > 0 THEN "blocked" ELSE "available"],
+               pd |-> [x \in Jobs |-> IF x \in U THEN n(x) ELSE st.pd[x]],
+               cs |-> [x \in Jobs |-> IF x \in U THEN NoJob ELSE st.cs[x]]],
+              U \ Q, Q \cup U)
+
+REBLOCK_DEPENDENTS(j, st) == ReblockLevels(st, {j}, {j})
 
 -----------------------------------------------------------------------------
 (* The protocol statements *)
@@ -306,10 +355,12 @@ EnqueueAllowed(j) ==
     /\ \A d \in Deps[j] : jstate[d] \notin {"absent", "pruned"}
     /\ j \notin RunAnyway => \A d \in Deps[j] : jstate[d] \notin Doomed
 
-\* INSERT INTO conveyor_job (state, pending_dependencies, ...) and the rows of
-\* conveyor_dependency, in one transaction that locks the dependencies' rows
-\* (FOR SHARE), so that no dependency completes between the count and the
-\* commit: 'blocked' with the count of unfinished dependencies, or 'available'.
+\* LOCK_DEPENDENCIES (SELECT state ... FOR SHARE, held until the caller
+\* commits), then INSERT INTO conveyor_job (state, pending_dependencies, ...)
+\* and ENQUEUE_DEPENDENCIES (the rows of conveyor_dependency), in the
+\* caller's transaction: no dependency completes, fails or is requeued
+\* between the count and the commit, so the model takes it as one step.
+\* 'blocked' with the count of dependencies not final, or 'available'.
 ENQUEUE(j) ==
     /\ jstate[j] = "absent"
     /\ EnqueueAllowed(j)
@@ -609,40 +660,35 @@ REAP(j) ==
                    frozen, claims, liveGid, completer, lostTo, left, cron>>
 
 \* An operator gives a failed, dead or cancelled job a fresh set of attempts:
-\*   UPDATE ... SET state = 'available' (or 'blocked' while dependencies are
-\*   unfinished), attempt = 0, isolated = false, cancel_requested_at = NULL
-\*   WHERE id AND state IN ('failed', 'dead', 'cancelled')
-\* with REBLOCK_DEPENDENTS.  A job with policy 'cancel' whose dependency is
-\* failed, dead or cancelled is refused: requeue that dependency instead.
+\*   UPDATE ... SET state = CASE WHEN it has dependencies THEN 'blocked'
+\*   ELSE 'available' END, attempt = 0, isolated = false,
+\*   cancel_requested_at = NULL
+\*   WHERE id AND state IN ('failed', 'dead', 'cancelled') AND NOT (policy
+\*   'cancel' AND a dependency is failed, dead or cancelled)
+\* with REBLOCK_DEPENDENTS, which counts the requeued job's dependencies (it
+\* is available at 0) and brings back its dependents.  A job refused for a
+\* failed dependency comes back when that dependency is requeued.
 REQUEUE(j) ==
     /\ left.requeue > 0
     /\ jstate[j] \in Doomed
-    /\ j \in RunAnyway \/ \A d \in Deps[j] : jstate[d] \notin Doomed
+    /\ ~(j \notin RunAnyway /\ \E d \in Deps[j] : jstate[d] \in Doomed)
     /\ Spend("requeue")
-    /\ LET R     == REBLOCK_DEPENDENTS(j)
-           back  == R \cup {j}
-           stuck == {x \in Jobs : /\ jstate[x] = "cancelled" /\ cause[x] \in back
-                                  /\ \E e \in Deps[x] : e \notin back /\ jstate[e] \in Doomed}
-           js0   == [x \in Jobs |-> IF x \in back THEN "blocked" ELSE jstate[x]]
-           own(x) == Cardinality(Unsat(x, js0))
-           js    == [js0 EXCEPT ![j] = IF own(j) = 0 THEN "available" ELSE "blocked"]
-       IN
-       /\ jstate'  = js
-       /\ pending' = [x \in Jobs |->
-                        IF x \in back THEN own(x)
-                        ELSE IF jstate[x] = "blocked" /\ x \in RunAnyway
-                             THEN pending[x] + Cardinality(Deps[x] \cap back)
-                             ELSE pending[x]]
-       /\ cause'   = [x \in Jobs |->
-                        IF x \in back THEN NoJob
-                        ELSE IF x \in stuck
-                             THEN CHOOSE e \in Deps[x] : e \notin back /\ jstate[e] \in Doomed
-                             ELSE cause[x]]
+    /\ LET js0 == [jstate EXCEPT ![j] = IF Deps[j] # {} THEN "blocked" ELSE "available"]
+           st  == REBLOCK_DEPENDENTS(j, [js |-> js0, pd |-> pending,
+                                         cs |-> [cause EXCEPT ![j] = NoJob]])
+           \* jobs an operator cancelled (no DependencyFailed last) brought back
+           taken == {x \in Jobs \ {j} : /\ jstate[x] = "cancelled" /\ cause[x] = NoJob
+                                       /\ st.js[x] # "cancelled"}
+       IN /\ jstate'  = st.js
+          /\ pending' = st.pd
+          /\ cause'   = st.cs
+          /\ alarms'  = alarms \cup {[kind |-> "operator", act |-> "REBLOCK_DEPENDENTS",
+                                      job |-> x] : x \in taken}
     /\ attempt'   = [attempt EXCEPT ![j] = 0]
     /\ isolated'  = [isolated EXCEPT ![j] = FALSE]
     /\ cancelReq' = [cancelReq EXCEPT ![j] = FALSE]
     /\ UNCHANGED <<owner, version, expired, lockedBy, ledger, business, held, frozen,
-                   ghost, cron>>
+                   claims, holder, liveGid, completer, lostTo, cron>>
 
 \* UPDATE ... SET state='cancelled' WHERE id AND state IN ('blocked', 'available')
 \* with CANCEL_DEPENDENTS.
@@ -894,6 +940,7 @@ LeaseExclusive ==
     /\ \A w \in Workers : \A a \in held[w] :
          /\ ValidLease(w, a) => a.gid = claims[a.job]
          /\ a.tok <= version[a.job]
+    /\ \A j \in Jobs : holder[j] # 0 => jstate[j] = "running"
     /\ ~Alarmed("double")
 
 \* (b) Every write a worker makes about a job (heartbeat, lock, outcome,
@@ -931,8 +978,12 @@ CrashContained ==
     /\ \A j \in Jobs : lostTo[j] <= 1
 
 \* Workflows.  A job leaves 'blocked' for 'available' only when each of its
-\* dependencies is completed (policy 'cancel') or final (policy 'run').
-DependentsWait == ~Alarmed("early")
+\* dependencies is completed (policy 'cancel') or final (policy 'run'), and
+\* an available job (the only kind CLAIM takes) has them so: a requeued
+\* dependency makes a not-yet-started 'run' dependent wait again.
+DependentsWait ==
+    /\ ~Alarmed("early")
+    /\ \A x \in Jobs : jstate[x] = "available" => Unsat(x, jstate) = {}
 
 \* A dependent leaves 'blocked' for 'available' only in the statement that
 \* makes its last dependency final: a COMPLETE that lands for the attempt
@@ -958,11 +1009,20 @@ NoDoomedBlocked ==
     \A x \in Jobs : (jstate[x] = "blocked" /\ x \notin RunAnyway)
         => \A d \in Deps[x] : jstate[d] \notin Doomed
 
-\* A job cancelled because of a dependency names one that really failed,
-\* died or was cancelled.
+\* A job cancelled because of a dependency names, when it is cancelled, a
+\* dependency that the same statement leaves failed, dead or cancelled; and
+\* while it stays cancelled, one of its dependencies is failed, dead or
+\* cancelled (requeueing that one brings it back).  The name is not
+\* rewritten: after the named one is requeued, it may be another.
 CascadeCause ==
-    \A x \in Jobs : (jstate[x] = "cancelled" /\ cause[x] # NoJob)
-        => cause[x] \in Deps[x] /\ jstate[cause[x]] \in Doomed
+    /\ ~Alarmed("cause")
+    /\ \A x \in Jobs : (jstate[x] = "cancelled" /\ cause[x] # NoJob)
+         => cause[x] \in Deps[x] /\ \E d \in Deps[x] : jstate[d] \in Doomed
+
+\* A job an operator cancelled stays cancelled until it is requeued itself:
+\* REQUEUE of a dependency brings back only jobs a dependency's failure
+\* cancelled.
+OperatorCancelStands == ~Alarmed("operator")
 
 \* Cancelling a running job: no guarded effect commits after the request,
 \* and a job with a request is never claimed again (until REQUEUE clears it).
@@ -972,10 +1032,14 @@ CancelHonoured == ~Alarmed("cancelled effect") /\ ~Alarmed("rerun")
 OneJobPerTick ==
     \A t \in 1..MaxTick : cronJobs[t] <= 1 /\ (cronJobs[t] = 1 => t <= now)
 
-\* The only transitions of DESIGN §3 (plus PRUNE's delete).
+\* The only transitions of DESIGN §3 (plus PRUNE's delete), and available ->
+\* blocked: REBLOCK_DEPENDENTS makes a 'run' dependent that no worker has
+\* claimed (state available, no lease, under its row lock, which CLAIM's
+\* SKIP LOCKED respects) wait again for the dependency that was requeued.
 Edges ==
     {<<"absent", "available">>, <<"absent", "blocked">>,
      <<"blocked", "available">>, <<"blocked", "cancelled">>,
+     <<"available", "blocked">>,   \* REBLOCK_DEPENDENTS: a 'run' dependent not yet started
      <<"available", "running">>, <<"available", "cancelled">>,
      <<"running", "available">>, <<"running", "completed">>,
      <<"running", "failed">>, <<"running", "dead">>, <<"running", "cancelled">>,
@@ -999,7 +1063,8 @@ EveryTickEnqueued ==
 
 THEOREM Spec => [](TypeOK /\ LeaseExclusive /\ FencedWrites /\ EffectOnce /\ LockHeld
                    /\ CrashContained /\ DependentsWait /\ CounterExact
-                   /\ NoDoomedBlocked /\ CascadeCause /\ CancelHonoured /\ OneJobPerTick)
+                   /\ NoDoomedBlocked /\ CascadeCause /\ OperatorCancelStands
+                   /\ CancelHonoured /\ OneJobPerTick)
 THEOREM Spec => LegalTransitions /\ UnblockFenced
 THEOREM Spec => AllEventuallyFinal /\ EveryTickEnqueued
 =============================================================================
