@@ -91,6 +91,7 @@ class WorkerOptions:
     worker_id: str | None = None  # A new host:pid:random id.
     cron: bool = True  # Run the scheduler service (periodic jobs); --no-cron turns it off.
     stop_signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT)
+    supervised: bool = False  # A child of --processes: its supervisor decides on a hard stop.
     instrument: Instrument | None = None  # Metrics hook; None reports nothing.
 
 
@@ -168,7 +169,9 @@ class Worker:
         )
         self.wake = threading.Event()
         self.stopping = threading.Event()
-        self.signals = shutdown.StopSignals(self.stop, options.stop_signals)
+        self.signals = shutdown.StopSignals(
+            self.stop, options.stop_signals, repeat_is_hard=not options.supervised
+        )
 
     def services(self) -> list[Service]:
         """The maintenance services the control loop schedules, in the order a pass runs them."""

@@ -142,7 +142,7 @@ class Command(BaseCommand):
         if options["processes"] == 1:
             code = Worker(worker_options).run()
         else:
-            child_options = replace(worker_options, stop_signals=(signal.SIGTERM,))
+            child_options = replace(worker_options, stop_signals=(signal.SIGTERM,), supervised=True)
             code = Supervisor(
                 options["processes"],
                 lambda slot: Worker(child_options).run(),
