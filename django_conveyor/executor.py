@@ -17,32 +17,30 @@ from django.db import connections
 
 from . import outcomes
 from .backoff import retry_delay
-from .compat import Task, TaskResultStatus, task_finished, task_started
+from .compat import Task, task_started
 from .context import JobContext
 from .exceptions import ArgumentsNotSerializable, Discard, LeaseLost, Snooze
 from .leases import HeldLease
 from .logs import log_job
 from .outcomes import Outcome, error_entry
-from .results import ConveyorTaskResult, finished, task_result
+from .results import ConveyorTaskResult, enqueued_task, task_result
 from .serialization import json_round_trip
 from .states import JobState
 from .tasks import resolve_task
 
 logger = logging.getLogger("django_conveyor.executor")
 
-FINISHED_STATUS = {
-    outcomes.COMPLETE: TaskResultStatus.SUCCESSFUL,
-    outcomes.DONE_IN_ATOMIC: TaskResultStatus.SUCCESSFUL,
-    outcomes.FAIL: TaskResultStatus.FAILED,
-    outcomes.RETRY: TaskResultStatus.FAILED,
-    outcomes.LOST: TaskResultStatus.FAILED,
-}  # A snooze is not a finish: the job runs again as if it had not started.
-
 
 def running_result(task: Task, held: HeldLease) -> ConveyorTaskResult:
     lease = held.lease
     return task_result(
-        task,
+        enqueued_task(
+            task,
+            priority=lease.priority,
+            queue=lease.queue,
+            run_after=lease.enqueued_run_after,
+            backend=lease.backend,
+        ),
         database=held.database,
         job_id=lease.id,
         state=JobState.RUNNING,
@@ -97,16 +95,6 @@ def classify(exc: BaseException, task: Task | None, held: HeldLease) -> Outcome:
     return Outcome(outcomes.RETRY, held, delay=delay, error=error_entry(exc))
 
 
-def report(sender: type | None, result: ConveyorTaskResult | None, outcome: Outcome) -> None:
-    status = FINISHED_STATUS.get(outcome.kind)
-    if sender is None or result is None or status is None:
-        return
-    done = finished(
-        result, status=status, return_value=outcome.return_value, error=outcome.error or None
-    )
-    task_finished.send(sender, task_result=done)
-
-
 def connection_hygiene() -> None:
     """Drop broken or obsolete handler connections, but keep healthy ones.
 
@@ -121,17 +109,18 @@ def connection_hygiene() -> None:
 
 
 def execute(held: HeldLease) -> Outcome:
-    """Run one attempt and say what should be written; never raises."""
+    """Run one attempt and say what should be written; never raises.
+
+    Sends `task_started`; `task_finished` waits until the outcome is
+    written (reporting.py), since the fence may refuse it.
+    """
     lease = held.lease
     task: Task | None = None
-    sender: type | None = None  # The signals' sender: the task's backend class.
-    result: ConveyorTaskResult | None = None
     try:
         task = resolve_task(lease.task_path)
         held.timeout = getattr(task, "timeout", None)  # From now on timeouts.py watches it.
-        sender = type(task.get_backend())
-        result = running_result(task, held)
-        task_started.send(sender, task_result=result)
+        held.result = result = running_result(task, held)
+        task_started.send(type(result.task.get_backend()), task_result=result)
         value = call(task, held, result)
         value = json_round_trip(value, f"{task.name}() return value")
         kind = outcomes.DONE_IN_ATOMIC if held.completed_in_atomic else outcomes.COMPLETE
@@ -142,9 +131,7 @@ def execute(held: HeldLease) -> Outcome:
             outcome = Outcome(outcomes.DONE_IN_ATOMIC, held)
         else:
             outcome = classify(exc, task, held)
+            outcome.exception = exc  # For task_finished receivers' sys.exc_info().
             level = logging.INFO if outcome.kind == outcomes.SNOOZE else logging.WARNING
             log_job(logger, level, lease, "raised %s", type(exc).__name__)
-    finally:
-        connection_hygiene()
-    report(sender, result, outcome)
     return outcome

@@ -26,6 +26,7 @@ from .protocol import Cursor, Lease
 
 if TYPE_CHECKING:
     from .instrument import Instrument, Stats
+    from .results import ConveyorTaskResult
 
 logger = logging.getLogger("django_conveyor.worker")
 
@@ -47,6 +48,8 @@ class HeldLease:
     cancel_requested: bool = False  # An operator asked to cancel it (context.cancel_requested).
     # Set by the executor while an async handler runs: cancels its asyncio task.
     cancel_async: Callable[[], None] | None = None
+    # The result task_started carried (set by the executor); task_finished builds on it.
+    result: ConveyorTaskResult | None = None
 
     def mark_lost(self, reason: str) -> None:
         """Tell the handler (context.lease_held()) that its outcome will not count."""
@@ -149,12 +152,14 @@ class Leases:
             return {}
         return outcomes.write(cur, self.owner, outcomes.by_kind(self.pending.values()))
 
-    def settle(self, written: dict[int, str]) -> None:
+    def settle(self, written: dict[int, str]) -> list[Outcome]:
         """After the commit: forget the written leases, count, report what was refused.
 
         Outcomes stay pending until the commit succeeds, so a connection lost
-        mid-cycle only means the same guarded writes are sent again.
+        mid-cycle only means the same guarded writes are sent again. Returns
+        the outcomes that were written, for `task_finished` (reporting.py).
         """
+        done = []
         for job_id, outcome in self.pending.items():
             if self.held.get(job_id) is outcome.held:
                 del self.held[job_id]
@@ -162,12 +167,14 @@ class Leases:
             if result is None:
                 self.refused(outcome, "stale outcome (%s) refused")
             else:
+                done.append(outcome)
                 self.stats.add(result)
                 if self.instrument:
                     self.instrument.outcome_written(
                         outcome.kind, result, outcome.lease, outcome.held.duration
                     )
         self.pending.clear()
+        return done
 
     def refused(self, outcome: Outcome, message: str) -> None:
         self.stats.add("stale_outcomes")

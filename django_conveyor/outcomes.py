@@ -44,6 +44,7 @@ class Outcome:
     return_value: Any = None
     delay: float = 0.0  # Seconds before the job is due again (RETRY, SNOOZE).
     error: dict[str, Any] = field(default_factory=dict)  # The attempt's error entry.
+    exception: BaseException | None = None  # What the handler raised, for task_finished.
 
     @property
     def lease(self) -> Lease:

@@ -83,10 +83,10 @@ WITH input AS (
 ), inserted AS (
     INSERT INTO conveyor_job (
         task_path, args, kwargs, queue, backend, priority, state, attempt, max_attempts,
-        run_after, lease_version, idempotency_key, errors, enqueued_at
+        run_after, enqueued_run_after, lease_version, idempotency_key, errors, enqueued_at
     )
     SELECT task_path, args, kwargs, queue, backend, priority, 'available', 0, max_attempts,
-           COALESCE(run_after, now()), 0, idempotency_key, '[]'::jsonb, now()
+           COALESCE(run_after, now()), run_after, 0, idempotency_key, '[]'::jsonb, now()
     FROM input ORDER BY ord
     ON CONFLICT (idempotency_key) DO NOTHING
     RETURNING id, idempotency_key, queue, run_after, enqueued_at
@@ -126,7 +126,7 @@ RETURNING j.id, j.task_path, j.args, j.kwargs, j.queue, j.backend, j.priority, j
           j.max_attempts, j.lease_version, j.idempotency_key, j.enqueued_at, j.started_at,
           j.lease_owner,
           extract(epoch FROM j.started_at - greatest(j.enqueued_at, j.run_after))::float8,
-          NULLIF(j.errors, '[]'::jsonb)
+          NULLIF(j.errors, '[]'::jsonb), j.enqueued_run_after
 """
 
 _HELD = "FROM jsonb_to_recordset(%(held)s::jsonb) AS h(id bigint, version bigint"
@@ -347,11 +347,11 @@ WITH due AS (
 CRON_ENQUEUE = f"""{CRON_ROW_GUARD}, inserted AS (
     INSERT INTO conveyor_job (
         task_path, args, kwargs, queue, backend, priority, state, attempt, max_attempts,
-        run_after, lease_version, idempotency_key, errors, enqueued_at
+        run_after, enqueued_run_after, lease_version, idempotency_key, errors, enqueued_at
     )
     SELECT %(task_path)s, %(args)s::jsonb, %(kwargs)s::jsonb, %(queue)s, %(backend)s,
-           %(priority)s, 'available', 0, %(max_attempts)s, %(tick)s, 0, %(key)s, '[]'::jsonb,
-           now()
+           %(priority)s, 'available', 0, %(max_attempts)s, %(tick)s, %(tick)s, 0, %(key)s,
+           '[]'::jsonb, now()
     FROM due
     ON CONFLICT (idempotency_key) DO NOTHING
     RETURNING id, queue, run_after
@@ -426,6 +426,7 @@ class Lease:
     owner: str  # The fencing token's owner: the claiming worker's id.
     pickup_delay: float  # Seconds from when the job was due (enqueued or run_after) to now.
     errors: list[dict[str, Any]] | None  # Entries of earlier attempts; None when none.
+    enqueued_run_after: datetime | None  # run_after as enqueued; None: not deferred.
 
 
 @dataclass(frozen=True, slots=True)

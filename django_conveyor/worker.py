@@ -44,6 +44,7 @@ from .listener import Listener
 from .outcomes import Outcome
 from .reaper import Reaper
 from .registry import Registry, WorkerInfo
+from .reporting import Reporter
 from .scheduler import SchedulerService
 from .services import Now, Schedule, Service
 from .slots import SlotPool
@@ -147,6 +148,7 @@ class Worker:
         self.instrument = options.instrument  # None: no event is even called.
         self.leases = Leases(config.worker_id, config.database, self.stats, self.instrument)
         self.slots = SlotPool(config.concurrency, self.on_outcome)
+        self.reporter = Reporter()  # task_finished, once an outcome committed.
         self.claimer = Claimer(
             owner=config.worker_id,
             queues=config.queues,
@@ -200,6 +202,7 @@ class Worker:
             "listen+poll" if config.listen else "poll-only",
         )
         self.slots.start()
+        self.reporter.start()
         if config.listen:
             Listener(
                 database=config.database,
@@ -214,6 +217,7 @@ class Worker:
             self.deregister()
         finally:
             self.slots.stop()
+            self.reporter.stop()
             self.connection.drop()
         logger.info(
             "worker %s stopped: %s", self.worker_id, dict(sorted(self.stats.counts.items()))
@@ -297,7 +301,8 @@ class Worker:
         with conn.transaction() if not single else contextlib.nullcontext(), conn.cursor() as cur:
             written = leases.write(cur)
             claimed = self.claimer.claim(cur, steps)
-        leases.settle(written)
+        for outcome in leases.settle(written):
+            self.reporter.submit(outcome)
         for held in leases.take(claimed):
             self.slots.submit(held)
         return len(claimed)

@@ -1,6 +1,7 @@
 """Task handlers the tests enqueue; each leaves an observable trace."""
 
 import os
+import threading
 import time
 
 from django.db import transaction
@@ -196,3 +197,13 @@ async def async_sleeper(label, seconds):
         await sync_to_async(Effect.objects.create)(job_id=0, token=0, worker="", label=label)
         raise
     return "slept"
+
+
+GATE = threading.Event()  # Opened by a test; in-process workers only.
+
+
+@task()
+def gated(label):
+    """Waits until the test opens GATE, so the test can act while it runs."""
+    GATE.wait(30)
+    return label
