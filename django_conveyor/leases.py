@@ -50,6 +50,9 @@ class HeldLease:
     cancel_async: Callable[[], None] | None = None
     # The result task_started carried (set by the executor); task_finished builds on it.
     result: ConveyorTaskResult | None = None
+    # Atomic blocks open around the handler on its connection: a test's, when
+    # django_conveyor.testing runs it; 0 in a worker. context.atomic() nests in them.
+    outer_atomic_blocks: int = 0
 
     def mark_lost(self, reason: str) -> None:
         """Tell the handler (context.lease_held()) that its outcome will not count."""

@@ -497,13 +497,13 @@ def enqueue(cursor: Cursor, jobs: Sequence[NewJob], *, notify: bool) -> list[Enq
                 id_, at, after = by_key[key]
             else:
                 id_, _, at, after, task_path, args, kwargs, queue = existing[key]
-                args, kwargs = _loaded(args), _loaded(kwargs)
+                args, kwargs = loaded(args), loaded(kwargs)
                 _check_same_operation(key, id_, job, task_path, args, kwargs, queue)
             results.append(Enqueued(id_, at, after, created=False))
     return results
 
 
-def _loaded(value: Any) -> Any:
+def loaded(value: Any) -> Any:
     """jsonb as Python: Django's cursors hand it over as text, psycopg's decoded."""
     return json.loads(value) if isinstance(value, str) else value
 
