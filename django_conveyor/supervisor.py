@@ -75,9 +75,10 @@ class Supervisor:
             pid = os.fork()
             if pid == 0:
                 self.child(slot)
+            # Known before a stop that waited for the fork is handled, so it is told too.
+            self.children[pid] = (slot, time.monotonic())
         finally:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, HANDLED_SIGNALS)
-        self.children[pid] = (slot, time.monotonic())
         logger.info("started worker process %d (slot %d)", pid, slot)
 
     def child(self, slot: int) -> None:
