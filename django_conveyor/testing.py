@@ -119,9 +119,12 @@ def enqueued(
         wanted["priority"] = priority
     found = []
     for database in conveyor_settings().databases():
-        rows = Job.objects.using(database).filter(state__in=WAITING, **wanted).order_by("id")
-        found += [result_from_job(job, database=database) for job in rows]
-    return sorted(found, key=lambda r: (r.enqueued_at, r.id))
+        rows = Job.objects.using(database).filter(state__in=WAITING, **wanted)
+        found += [
+            (job.enqueued_at, job.id, result_from_job(job, database=database)) for job in rows
+        ]
+    # Within a test's transaction every enqueued_at is the same instant: then by id.
+    return [result for _, _, result in sorted(found, key=lambda f: (f[0], f[1]))]
 
 
 def assert_enqueued(

@@ -32,6 +32,12 @@ def test_assertions_see_jobs_of_the_current_transaction():
 
 
 @pytest.mark.django_db(databases=DATABASES)
+def test_enqueued_lists_jobs_in_the_order_they_were_enqueued():
+    tasks.add.enqueue_many([((i, 0), {}) for i in range(12)])  # One instant in a test.
+    assert [r.args for r in testing.enqueued(tasks.add)] == [[i, 0] for i in range(12)]
+
+
+@pytest.mark.django_db(databases=DATABASES)
 def test_a_failed_assertion_says_what_is_waiting():
     tasks.add.enqueue(1, 2)
     with pytest.raises(AssertionError) as failure:
