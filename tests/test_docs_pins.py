@@ -42,7 +42,7 @@ def test_the_claim_ahead_buffer_is_20_ms_per_slot_with_no_floor():
 
 def test_a_repeated_stop_signal_is_the_same_stop_for_2_seconds():
     assert shutdown.REPEAT_GRACE_SECONDS == 2.0
-    assert "The same signal again within 2 seconds" in text(DOCS / "worker.md")
+    assert "SIGTERM or SIGINT again within 2 seconds" in text(DOCS / "worker.md")
     assert "repeated more than 2 seconds later" in text(REPO / "README.md")
 
 
