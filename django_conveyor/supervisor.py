@@ -47,12 +47,15 @@ class Supervisor:
         self.restarts: dict[int, Ladder] = {}  # slot -> its restart delays
         self.stopping = False
         self.stop_requested_at: float | None = None  # time.monotonic() of the first stop.
+        self.told: int | None = None  # The signal every child gets once stopping.
         self.exit_code = 0
 
     def run(self) -> int:
         for signum in HANDLED_SIGNALS:
             signal.signal(signum, self.on_signal)
         for slot in range(self.processes):
+            if self.stopping:
+                break
             self.spawn(slot)
         while self.children:
             try:
@@ -77,6 +80,9 @@ class Supervisor:
                 self.child(slot)
             # Known before a stop that waited for the fork is handled, so it is told too.
             self.children[pid] = (slot, time.monotonic())
+            if self.told is not None:  # A stop handled while this child was being forked.
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, self.told)
         finally:
             signal.pthread_sigmask(signal.SIG_UNBLOCK, HANDLED_SIGNALS)
         logger.info("started worker process %d (slot %d)", pid, slot)
@@ -142,6 +148,7 @@ class Supervisor:
         self.tell_children(signal.SIGTERM)
 
     def tell_children(self, signum: int) -> None:
+        self.told = signum  # Also for a child forked from now on (spawn).
         for pid in list(self.children):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signum)

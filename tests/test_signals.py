@@ -8,6 +8,7 @@ must stay one graceful stop: exit 0, unfinished jobs handed back at once.
 
 import os
 import signal
+import subprocess
 import time
 
 import pytest
@@ -42,6 +43,15 @@ def assert_handed_back(ids: list[int]) -> None:
     assert all(r.errors == [] for r in rows)  # Handed back, not reaped.
 
 
+def exit_code(proc, tmp_path, name: str, timeout: float = 30) -> int:
+    """The process's exit status; a process still running fails with its log."""
+    try:
+        return proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        log = (tmp_path / f"{name}.log").read_text()
+        raise AssertionError(f"{name} still runs after {timeout}s:\n{log[-6000:]}") from None
+
+
 def sleepers(n: int) -> list[int]:
     return [int(tasks.sleeper.enqueue(60).id) for _ in range(n)]
 
@@ -63,7 +73,7 @@ def test_one_stop_signal_is_a_graceful_stop(procs, tmp_path, target, sig):
         os.killpg(proc.pid, sig)  # The worker leads its own process group.
     else:
         os.kill(proc.pid, sig)
-    assert proc.wait(30) == 0, (tmp_path / "sup.log").read_text()[-3000:]
+    assert exit_code(proc, tmp_path, "sup", 30) == 0
     assert_handed_back(ids)
 
 
@@ -72,7 +82,7 @@ def test_group_sigterm_during_a_drain_of_400_jobs_exits_zero(procs, tmp_path):
     proc = worker(procs, tmp_path, "drain", "--processes", "4", "--concurrency", "4")
     wait_until(lambda: Job.objects.filter(state="completed").exists())
     os.killpg(proc.pid, signal.SIGTERM)
-    assert proc.wait(60) == 0, (tmp_path / "drain.log").read_text()[-3000:]
+    assert exit_code(proc, tmp_path, "drain", 60) == 0
     counts = states()
     assert set(counts) <= {"completed", "available"}, counts
     assert sum(counts.values()) == 400
@@ -89,7 +99,15 @@ def test_group_sigterm_while_children_start_is_still_graceful(procs, tmp_path):
     # The children exist but are still setting up: the stop waits for their handlers.
     wait_until(lambda: len(child_pids(proc.pid)) == 2, interval=0.005)
     os.killpg(proc.pid, signal.SIGTERM)
-    assert proc.wait(60) == 0, (tmp_path / "early.log").read_text()[-3000:]
+    assert exit_code(proc, tmp_path, "early", 60) == 0
+
+
+def test_a_stop_while_the_supervisor_still_forks_stops_every_child(procs, tmp_path):
+    proc = worker(procs, tmp_path, "forking", "--processes", "4", "--concurrency", "1")
+    # The first child exists; the others may still be forked after the stop.
+    wait_until(lambda: child_pids(proc.pid), interval=0.001)
+    os.kill(proc.pid, signal.SIGTERM)
+    assert exit_code(proc, tmp_path, "forking", 60) == 0
 
 
 def test_sigterm_to_one_child_hands_back_its_jobs_and_replaces_it(procs, tmp_path):
@@ -106,7 +124,7 @@ def test_sigterm_to_one_child_hands_back_its_jobs_and_replaces_it(procs, tmp_pat
     assert not Job.objects.filter(lease_owner=gone).exists()  # Handed back, not left to expire.
     assert proc.poll() is None  # The supervisor carries on ...
     os.kill(proc.pid, signal.SIGTERM)
-    assert proc.wait(30) == 0  # ... until it is stopped itself.
+    assert exit_code(proc, tmp_path, "sup") == 0  # ... until it is stopped itself.
     assert_handed_back(ids)
 
 
@@ -118,7 +136,7 @@ def test_stop_signal_repeated_after_the_grace_interval_is_a_hard_stop(procs, tmp
     wait_until(lambda: log_says(tmp_path, "sup", "SIGTERM received: stopping 2"))
     time.sleep(REPEAT_GRACE_SECONDS + 0.1)  # The supervisor noted the first stop before its log.
     os.kill(proc.pid, signal.SIGTERM)
-    assert proc.wait(30) == 128 + signal.SIGTERM
+    assert exit_code(proc, tmp_path, "sup") == 128 + signal.SIGTERM
     assert running(4)  # Nothing handed back: the leases expire and are reaped.
 
 
@@ -127,7 +145,7 @@ def test_sigquit_to_the_group_is_a_hard_stop(procs, tmp_path):
     proc = supervised(procs, tmp_path, "sup", *HARD)
     wait_until(lambda: running(4))
     os.killpg(proc.pid, signal.SIGQUIT)
-    assert proc.wait(30) == 128 + signal.SIGQUIT
+    assert exit_code(proc, tmp_path, "sup") == 128 + signal.SIGQUIT
     assert running(4)
 
 
@@ -137,7 +155,7 @@ def test_a_single_worker_takes_a_quick_repeat_as_the_same_stop(procs, tmp_path):
     wait_until(lambda: running(3))
     os.kill(proc.pid, signal.SIGTERM)  # As a terminal's Ctrl-C plus a process manager's
     os.kill(proc.pid, signal.SIGINT)  # forwarded SIGTERM would arrive.
-    assert proc.wait(30) == 0, (tmp_path / "w.log").read_text()[-3000:]
+    assert exit_code(proc, tmp_path, "w", 30) == 0
     assert_handed_back(ids)
 
 
@@ -146,5 +164,5 @@ def test_sigquit_stops_a_single_worker_at_once(procs, tmp_path):
     proc = worker(procs, tmp_path, "w", "--shutdown-timeout", "120", "--concurrency", "1")
     wait_until(lambda: running(1))
     os.kill(proc.pid, signal.SIGQUIT)
-    assert proc.wait(30) == 128 + signal.SIGQUIT
+    assert exit_code(proc, tmp_path, "w") == 128 + signal.SIGQUIT
     assert running(1)
