@@ -78,9 +78,8 @@ class Job(models.Model):
                 condition=Q(state__in=["completed", "failed", "dead", "cancelled"]),
             ),
             # The admin's filters, each in the list's order (newest first), so
-            # a page is an index range scan whatever the table's size. The
-            # state index also carries the queue, for counts per queue.
-            models.Index(fields=["state", "id"], include=["queue"], name="conveyor_job_state_idx"),
+            # a page is an index range scan whatever the table's size. A state
+            # filter reads conveyor_job_list_idx below.
             models.Index("queue", "id", name="conveyor_job_queue_id_idx"),
             models.Index("task_path", "id", name="conveyor_job_task_id_idx"),
             models.Index(
@@ -88,8 +87,10 @@ class Job(models.Model):
                 name="conveyor_job_dead_letter_idx",
                 condition=Q(state__in=["failed", "dead"]),
             ),
-            # Counts per (state, queue) for /queues and the metrics, and the
-            # API's keyset pages: one range per (state, queue), in id order.
+            # Counts per (state, queue) for the console, /queues and the
+            # metrics (django_conveyor.stats), the API's keyset pages (one
+            # range per (state, queue), in id order) and the console's state
+            # filter.
             models.Index(fields=["state", "queue", "id"], name="conveyor_job_list_idx"),
         ]
         constraints = [

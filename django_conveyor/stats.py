@@ -1,6 +1,8 @@
 """Read-only figures about queues, cheap at any size of finished history.
 
-Shared by the metrics view and the API's `GET /queues`. Nothing here writes.
+The one source of per-queue counts: the metrics view, the API's
+`GET /queues`, and the admin's dashboard and queues page all read
+`snapshot()`. Nothing here writes.
 
 How each figure is found (docs/metrics.md says the same for operators):
 
@@ -14,8 +16,9 @@ How each figure is found (docs/metrics.md says the same for operators):
   statistics object on (state, queue) made by migration 0004). A scrape
   therefore reads at most `EXACT_BELOW` index entries per finished state
   and queue, however many millions are finished.
-- Queue lag: the age of the oldest available job whose `run_after` has
-  passed (0 when none is ready), by the database's clock.
+- Ready jobs and queue lag: available jobs whose `run_after` has passed
+  (the rest of the available ones are scheduled), and the age of the
+  oldest of them (0 when none is ready), by the database's clock.
 - Leases: running jobs whose lease is still valid, and those that expired
   and wait for the reaper, through the partial index on running jobs.
 """
@@ -65,8 +68,8 @@ SELECT count(*) FROM (
 ) AS bounded
 """
 
-LAG = """
-SELECT queue, EXTRACT(EPOCH FROM now() - min(run_after))::float8 FROM conveyor_job
+READY = """
+SELECT queue, count(*), EXTRACT(EPOCH FROM now() - min(run_after))::float8 FROM conveyor_job
 WHERE state = 'available' AND run_after <= now()
 GROUP BY queue
 """
@@ -89,6 +92,7 @@ class QueueStats:
     paused: bool = False
     jobs: dict[str, int] = field(default_factory=lambda: {s.value: 0 for s in JobState})
     estimated: set[str] = field(default_factory=set)  # States whose count is an estimate.
+    ready: int = 0  # Available jobs whose run_after has passed: a worker may take them now.
     lag_seconds: float = 0.0  # Age of the oldest ready job; 0 when none is ready.
     leases_active: int = 0
     leases_expired: int = 0  # Running jobs whose lease ran out, waiting for the reaper.
@@ -96,6 +100,11 @@ class QueueStats:
     @property
     def dead_letters(self) -> int:
         return sum(self.jobs[s] for s in DEAD_LETTER_STATES)
+
+    @property
+    def scheduled(self) -> int:
+        """Available jobs waiting for their run_after (a retry's backoff, a deferred enqueue)."""
+        return self.jobs[JobState.AVAILABLE] - self.ready
 
 
 def _estimate(cursor, state: str, queue: str) -> int:
@@ -118,7 +127,9 @@ def _finished_count(cursor, state: str, queue: str) -> tuple[int, bool]:
     return max(estimate, EXACT_BELOW + 1), True
 
 
-def _snapshot_of(database: str, queues: dict[str, QueueStats]) -> None:
+def _snapshot_of(
+    database: str, queues: dict[str, QueueStats], finished: Iterable[JobState]
+) -> None:
     def queue(name: str) -> QueueStats:
         return queues.setdefault(name, QueueStats(name))
 
@@ -129,15 +140,16 @@ def _snapshot_of(database: str, queues: dict[str, QueueStats]) -> None:
         cursor.execute(COUNT_LIVE, {"states": [s.value for s in LIVE_STATES]})
         for name, state, count in cursor.fetchall():
             queue(name).jobs[state] += count
-        for state in FINISHED_STATES:
+        for state in finished:
             cursor.execute(QUEUES_IN_STATE, {"state": state.value})
             for (name,) in cursor.fetchall():
                 count, estimated = _finished_count(cursor, state.value, name)
                 queue(name).jobs[state.value] += count
                 if estimated:
                     queue(name).estimated.add(state.value)
-        cursor.execute(LAG)
-        for name, lag in cursor.fetchall():
+        cursor.execute(READY)
+        for name, ready, lag in cursor.fetchall():
+            queue(name).ready += ready
             queue(name).lag_seconds = max(queue(name).lag_seconds, max(lag or 0.0, 0.0))
         cursor.execute(LEASES)
         for name, active, expired in cursor.fetchall():
@@ -145,9 +157,16 @@ def _snapshot_of(database: str, queues: dict[str, QueueStats]) -> None:
             queue(name).leases_expired += expired
 
 
-def snapshot(known: Iterable[str] = ()) -> dict[str, QueueStats]:
-    """Figures for every queue that has jobs or a row in conveyor_queue, plus `known`."""
+def snapshot(
+    known: Iterable[str] = (), *, finished: Iterable[JobState] = FINISHED_STATES
+) -> dict[str, QueueStats]:
+    """Figures for every queue that has jobs or a row in conveyor_queue, plus `known`.
+
+    Only the `finished` states are counted (the others stay 0): a page that
+    shows dead letters alone asks for `DEAD_LETTER_STATES`.
+    """
     queues = {name: QueueStats(name) for name in known}
+    finished = tuple(finished)
     for database in conveyor_settings().databases():
-        _snapshot_of(database, queues)
+        _snapshot_of(database, queues, finished)
     return dict(sorted(queues.items()))

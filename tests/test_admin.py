@@ -8,13 +8,14 @@ import datetime as dt
 
 import pytest
 from django.contrib.admin.models import CHANGE, LogEntry
+from django.contrib.admin.utils import quote
 from django.contrib.auth.models import Permission, User
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
-from django_conveyor import operations
+from django_conveyor import operations, stats
 from django_conveyor.admin import base
 from django_conveyor.models import Job, Queue, Worker
 from tests.factories import JobFactory, LedgerEntryFactory
@@ -352,6 +353,20 @@ class TestDashboard:
         assert "<svg" in body and "conveyor/dashboard.js" in body
         assert 'data-stat="ready">3<' in body
 
+    def test_dead_letters_past_the_exact_limit_are_estimates_and_say_so(self, staff, monkeypatch):
+        monkeypatch.setattr(stats, "EXACT_BELOW", 2)
+        JobFactory.create_batch(5, queue="default", dead=True)
+        JobFactory(queue="default", failed=True)
+        connection.cursor().execute("ANALYZE conveyor_job")
+        response = staff.get(DASHBOARD)
+        default = {q.name: q for q, _ in response.context["rows"]}["default"]
+        assert default.estimated == {"dead"}
+        assert default.failed_display == "1"
+        assert default.dead_display.startswith("≈")
+        assert 'data-stat="dead">≈' in response.content.decode()
+        queues = staff.get(QUEUES).content.decode()
+        assert "≈" in queues
+
     def test_the_fragment_is_the_body_alone(self, staff):
         JobFactory()
         response = staff.get(DASHBOARD, {"fragment": "1"})
@@ -388,6 +403,16 @@ class TestWorkersPage:
         assert "default, emails" in body
         lost = staff.get(WORKERS, {"status": "lost"}).context["cl"].result_list
         assert [w.id for w in lost] == ["w-lost"]
+        Worker.objects.create(id="w-done", last_seen_at=now, stopped_at=now, **common)
+
+        def listed(**params):
+            return {w.id for w in staff.get(WORKERS, params).context["cl"].result_list}
+
+        # A clean exit leaves the live-and-lost list at once, and is kept on request.
+        assert listed() == {"w-live", "w-lost"}
+        assert "live and lost" in staff.get(WORKERS).content.decode()
+        assert listed(status="stopped") == {"w-done"}
+        assert listed(status="all") == {"w-live", "w-lost", "w-done"}
         assert staff.get(reverse("admin:conveyor_worker_add")).status_code == 403
 
     def test_a_worker_links_the_jobs_it_holds(self, staff):
@@ -395,6 +420,12 @@ class TestWorkersPage:
         JobFactory(running=True, lease_owner="w-2")
         held = staff.get(JOBS, {"worker": "w-1"}).context["cl"].result_list
         assert [j.lease_owner for j in held] == ["w-1"]
+
+    def test_each_job_of_the_list_shows_the_worker_holding_it(self, staff):
+        JobFactory(running=True, lease_owner="web_1A:7:ab")
+        body = staff.get(JOBS).content.decode()
+        url = reverse("admin:conveyor_worker_change", args=[quote("web_1A:7:ab")])
+        assert f"<a href='{url}' title='holds its lease'>web_1A:7:ab</a>" in body
 
 
 class TestAtScale:

@@ -401,11 +401,30 @@ class TestOperating:
         response = api.post(f"{JOBS}/{job.id}/cancel")
         assert response.status_code == 200 and response.json()["state"] == "cancelled"
 
-    @pytest.mark.parametrize("state", ["running", "completed", "dead", "cancelled"])
-    def test_cancel_is_409_once_started_or_finished(self, api, state):
+    def test_cancel_of_a_running_job_asks_its_worker_with_202(self, api):
+        job = JobFactory(running=True)
+        response = api.post(f"{JOBS}/{job.id}/cancel")
+        assert response.status_code == 202, response.content
+        body = response.json()
+        assert (body["state"], body["cancel_requested_by"]) == ("running", "api:svc")
+        assert body["cancel_requested_at"] is not None
+        row = Job.objects.get(pk=job.id)
+        assert [(h["action"], h["actor"]) for h in row.history] == [("request_cancel", "api:svc")]
+        # Asking again is answered the same, and the first request stands.
+        again = api.post(f"{JOBS}/{job.id}/cancel")
+        assert again.status_code == 202
+        assert again.json()["cancel_requested_at"] == body["cancel_requested_at"]
+        assert len(Job.objects.get(pk=job.id).history) == 1
+
+    @pytest.mark.parametrize("state", ["completed", "failed", "dead", "cancelled"])
+    def test_cancel_is_409_once_finished(self, api, state):
         job = JobFactory(**{state: True})
         response = api.post(f"{JOBS}/{job.id}/cancel")
         assert response.status_code == 409
+        assert response.json()["detail"] == (
+            f"Job {job.id} is {state}; only jobs that are blocked, available or running can be "
+            "cancelled."
+        )
         assert Job.objects.get(pk=job.id).state == state
 
     def test_404_for_operations_on_a_missing_job(self, api):

@@ -4,7 +4,7 @@ import signal
 
 import pytest
 
-from django_conveyor import operations
+from django_conveyor import apikeys, operations
 from django_conveyor.models import Job, Worker
 from tests.helpers import kill_group, start_worker, stop_process, wait_until
 from tests.testapp import tasks
@@ -47,6 +47,26 @@ def test_the_holding_worker_cancels_a_running_job_and_refuses_its_outcome(worker
     assert effect.label == "stopped held=False cancel_requested=True"
     follow_up = tasks.add.enqueue(1, 2)  # the worker carries on serving
     wait_until(lambda: Job.objects.get(pk=int(follow_up.id)).state == "completed")
+    assert stop_process(proc) == 0
+
+
+def test_the_api_cancels_a_running_job_of_a_real_worker(worker, client):
+    job_id = int(tasks.cancellable.enqueue(60).id)
+    proc = worker()
+    wait_until(lambda: running(job_id))
+    key = apikeys.create("ops-bot", ["operate"])[1]
+    response = client.post(
+        f"/conveyor/api/jobs/{job_id}/cancel", HTTP_AUTHORIZATION=f"Bearer {key}"
+    )
+    assert response.status_code == 202, response.content
+    assert response.json()["state"] == "running"
+    wait_until(lambda: Job.objects.get(pk=job_id).state == "cancelled")
+    job = Job.objects.get(pk=job_id)
+    assert job.errors[-1]["traceback"] == "Cancelled while running, at the request of api:ops-bot."
+    assert [(h["action"], h["actor"].split(":")[0]) for h in job.history] == [
+        ("request_cancel", "api"),
+        ("cancel_held", "worker"),
+    ]
     assert stop_process(proc) == 0
 
 

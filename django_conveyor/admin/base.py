@@ -16,10 +16,11 @@ from django.http import HttpRequest
 
 from ..conf import conveyor_settings
 from ..models import Job
+from ..stats import EXACT_BELOW
 
 OPERATE_PERMISSION = "conveyor.operate"
 VIEW_PAYLOADS_PERMISSION = "conveyor.view_payloads"
-EXACT_COUNT_LIMIT = 10_000  # Above this a list shows the planner's estimate.
+EXACT_COUNT_LIMIT = EXACT_BELOW  # Above this a list shows the planner's estimate.
 LOG_BATCH = 1000
 
 

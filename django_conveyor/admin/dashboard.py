@@ -15,6 +15,7 @@ from django.template.response import TemplateResponse
 
 from .. import operations
 from ..models import Dashboard
+from ..stats import EXACT_BELOW
 from . import charts, stats
 
 REFRESH_SECONDS = 5
@@ -65,6 +66,7 @@ class DashboardAdmin(admin.ModelAdmin):
             ),
             "refresh_seconds": REFRESH_SECONDS,
             "lost_after_seconds": stats.lost_after_seconds(),
+            "exact_below": f"{EXACT_BELOW:,}",
             **(extra_context or {}),
         }
         request.current_app = self.admin_site.name

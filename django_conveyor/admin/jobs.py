@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin
+from django.contrib.admin.utils import quote
 from django.contrib.admin.views.main import ChangeList
 from django.db.models import Q, QuerySet
 from django.db.models.expressions import RawSQL
@@ -123,7 +124,7 @@ class JobAdmin(ReadOnlyAdmin):
         "run_after",
         "enqueued_at",
         "finished_at",
-        "lease_owner",
+        "worker",
     )
     list_columns = LIST_COLUMNS
     list_filter = ("state", QueueFilter, TaskFilter, WorkerFilter)
@@ -256,6 +257,14 @@ class JobAdmin(ReadOnlyAdmin):
     def attempts(self, obj: Job) -> str:
         return f"{obj.attempt} of {obj.max_attempts}"
 
+    @admin.display(description="worker")
+    def worker(self, obj: Job) -> str:
+        """The worker holding a running job (linked to its row), or the one that completed it."""
+        if obj.state == JobState.RUNNING and obj.lease_owner:
+            url = reverse("admin:conveyor_worker_change", args=[quote(obj.lease_owner)])
+            return format_html("<a href='{}' title='holds its lease'>{}</a>", url, obj.lease_owner)
+        return obj.lease_owner or "-"
+
     @admin.display(description="held by")
     def held_by(self, obj: Job) -> str:
         if not obj.lease_owner or obj.state not in (JobState.RUNNING, JobState.COMPLETED):
@@ -266,7 +275,7 @@ class JobAdmin(ReadOnlyAdmin):
             return format_html("{} {} (not registered)", verb, obj.lease_owner)
         from .workers import worker_status
 
-        url = reverse("admin:conveyor_worker_change", args=[worker.pk])
+        url = reverse("admin:conveyor_worker_change", args=[quote(worker.pk)])
         return format_html(
             "{} <a href='{}'>{}</a> ({})", verb, url, worker.pk, worker_status(worker)
         )

@@ -1,4 +1,8 @@
-"""Queues: counts per queue, paused or running, pause and resume."""
+"""Queues: counts per queue, paused or running, pause and resume.
+
+Failed and dead counts above `stats.EXACT_BELOW` are PostgreSQL's estimate,
+shown as ≈N (`admin.stats`).
+"""
 
 from __future__ import annotations
 
@@ -6,7 +10,6 @@ from typing import Any
 
 from django.contrib import admin, messages
 from django.contrib.admin.views.main import ChangeList
-from django.db import connections
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils.safestring import mark_safe
@@ -14,7 +17,7 @@ from django.utils.safestring import mark_safe
 from .. import operations
 from ..models import Queue
 from . import stats
-from .base import ConveyorDatabaseAdmin, conveyor_database
+from .base import ConveyorDatabaseAdmin
 
 COUNTED = ("ready", "scheduled", "running_jobs", "failed", "dead")
 
@@ -24,8 +27,7 @@ class QueueChangeList(ChangeList):
 
     def get_results(self, request: HttpRequest) -> None:
         super().get_results(request)
-        with connections[conveyor_database()].cursor() as cursor:
-            counts = stats.count_queues(cursor, {})
+        counts = stats.queue_stats(queue.name for queue in self.result_list)
         for queue in self.result_list:
             queue.counts = counts.get(queue.name) or stats.QueueStats(name=queue.name)
 
@@ -95,9 +97,9 @@ class QueueAdmin(ConveyorDatabaseAdmin):
         return obj.counts.running
 
     @admin.display(description="failed")
-    def failed(self, obj: Queue) -> int:
-        return obj.counts.failed
+    def failed(self, obj: Queue) -> str:
+        return obj.counts.failed_display
 
     @admin.display(description="dead")
-    def dead(self, obj: Queue) -> int:
-        return obj.counts.dead
+    def dead(self, obj: Queue) -> str:
+        return obj.counts.dead_display

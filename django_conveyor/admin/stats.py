@@ -1,38 +1,25 @@
-"""The numbers the dashboard and the queues page show, in a few indexed queries.
+"""What the dashboard and the queues page show: `django_conveyor.stats` plus the console's own.
 
-Nothing here counts the whole table: live states come from the index on
-(state, id), which carries the queue; throughput from the partial index on
-finished jobs, restricted to the last hour.
+Per-queue counts come from `stats.snapshot()`, the one source the metrics
+and the API read too: live states exact, failed and dead exact up to
+`stats.EXACT_BELOW` and PostgreSQL's estimate above (marked on the page).
+The console adds the throughput chart, from the partial index on finished
+jobs restricted to the last hour, and the worker counts.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
 
 from django.db import connections
 
+from .. import stats
 from ..conf import conveyor_settings
-from ..models import Queue
+from ..states import JobState
 
 CHART_MINUTES = 60
-LIVE_STATES = ("blocked", "available", "running", "failed", "dead")
-
-QUEUE_COUNTS = """
-SELECT queue,
-       count(*) FILTER (WHERE state = 'available' AND run_after <= now()),
-       count(*) FILTER (WHERE state = 'available' AND run_after > now()),
-       count(*) FILTER (WHERE state = 'blocked'),
-       count(*) FILTER (WHERE state = 'running'),
-       count(*) FILTER (WHERE state = 'failed'),
-       count(*) FILTER (WHERE state = 'dead'),
-       extract(epoch FROM now() - min(run_after)
-               FILTER (WHERE state = 'available' AND run_after <= now()))
-FROM conveyor_job
-WHERE state IN ('blocked', 'available', 'running', 'failed', 'dead')
-GROUP BY queue
-"""
 
 # Minute 0 is the current minute; the chart runs from minute 59 to minute 0.
 COMPLETED_PER_MINUTE = """
@@ -61,8 +48,25 @@ class QueueStats:
     running: int = 0
     failed: int = 0
     dead: int = 0
-    lag_seconds: float | None = None  # Age of the oldest ready job.
+    lag_seconds: float | None = None  # Age of the oldest ready job; None when none is ready.
+    estimated: set[str] = field(default_factory=set)  # Counts that are PostgreSQL's estimate.
     per_minute: list[int] = field(default_factory=lambda: [0] * CHART_MINUTES)  # Oldest first.
+
+    @classmethod
+    def of(cls, counts: stats.QueueStats) -> QueueStats:
+        jobs = counts.jobs
+        return cls(
+            name=counts.name,
+            paused=counts.paused,
+            ready=counts.ready,
+            scheduled=counts.scheduled,
+            blocked=jobs[JobState.BLOCKED],
+            running=jobs[JobState.RUNNING],
+            failed=jobs[JobState.FAILED],
+            dead=jobs[JobState.DEAD],
+            lag_seconds=counts.lag_seconds if counts.ready else None,
+            estimated=set(counts.estimated),
+        )
 
     @property
     def completed_last_hour(self) -> int:
@@ -75,6 +79,23 @@ class QueueStats:
     @property
     def lag_display(self) -> str:
         return "none ready" if self.lag_seconds is None else format_seconds(self.lag_seconds)
+
+    @property
+    def failed_display(self) -> str:
+        return self._display(JobState.FAILED, self.failed)
+
+    @property
+    def dead_display(self) -> str:
+        return self._display(JobState.DEAD, self.dead)
+
+    def _display(self, state: str, count: int) -> str:
+        return f"≈{count}" if state in self.estimated else str(count)
+
+
+def queue_stats(known: Iterable[str] = ()) -> dict[str, QueueStats]:
+    """Every queue's live and dead-letter counts, from every conveyor database."""
+    counts = stats.snapshot(known, finished=stats.DEAD_LETTER_STATES)
+    return {name: QueueStats.of(c) for name, c in counts.items()}
 
 
 @dataclass(slots=True)
@@ -93,6 +114,7 @@ class Overview:
             total.per_minute = [a + b for a, b in zip(total.per_minute, q.per_minute, strict=True)]
             lags = [x for x in (total.lag_seconds, q.lag_seconds) if x is not None]
             total.lag_seconds = max(lags) if lags else None
+            total.estimated |= q.estimated
         return total
 
 
@@ -112,33 +134,18 @@ def lost_after_seconds() -> float:
     return conveyor_settings().LEASE_SECONDS
 
 
-def count_queues(cursor: Any, by_name: dict[str, QueueStats]) -> dict[str, QueueStats]:
-    """Fill in each queue's live counts and lag (one grouped query); adds unknown queues."""
-    cursor.execute(QUEUE_COUNTS)
-    for name, *counts, lag in cursor.fetchall():
-        stats = by_name.setdefault(name, QueueStats(name=name))
-        (stats.ready, stats.scheduled, stats.blocked, stats.running, stats.failed,
-         stats.dead) = counts  # fmt: skip
-        stats.lag_seconds = float(lag) if lag is not None else None
-    return by_name
-
-
 def overview(known_queues: set[str]) -> Overview:
     """Per-queue numbers from every conveyor database, plus the worker counts."""
-    settings = conveyor_settings()
-    by_name = {name: QueueStats(name=name) for name in known_queues}
+    by_name = queue_stats(known_queues)
     live = lost = 0
     database_time = None
-    for database in settings.databases():
-        for name, paused in Queue.objects.using(database).values_list("name", "paused"):
-            by_name.setdefault(name, QueueStats(name=name)).paused = paused
+    for database in conveyor_settings().databases():
         with connections[database].cursor() as cursor:
-            count_queues(cursor, by_name)
             cursor.execute(COMPLETED_PER_MINUTE, {"minutes": CHART_MINUTES})
             for name, minutes_ago, count in cursor.fetchall():
-                stats = by_name.setdefault(name, QueueStats(name=name))
+                queue = by_name.setdefault(name, QueueStats(name=name))
                 index = CHART_MINUTES - 1 - min(max(minutes_ago, 0), CHART_MINUTES - 1)
-                stats.per_minute[index] += count
+                queue.per_minute[index] += count
             cursor.execute(WORKER_COUNTS, {"lost_after": lost_after_seconds()})
             row_live, row_lost, now = cursor.fetchone()
             live, lost = live + row_live, lost + row_lost

@@ -1,4 +1,9 @@
-"""Workers: live processes, and those lost (no heartbeat for a lease) or stopped."""
+"""Workers: live processes and those lost (no heartbeat for a lease).
+
+A worker that exits cleanly marks its row stopped; the page hides stopped
+rows unless asked (status filter), and the registry deletes them
+`registry.STOPPED_RETENTION_SECONDS` after the stop.
+"""
 
 from __future__ import annotations
 
@@ -17,7 +22,7 @@ from ..models import Worker
 from .base import ReadOnlyAdmin
 from .stats import lost_after_seconds
 
-LIVE, LOST, STOPPED = "live", "lost", "stopped"
+LIVE, LOST, STOPPED, ALL = "live", "lost", "stopped", "all"
 
 
 def worker_status(worker: Worker) -> str:
@@ -28,11 +33,24 @@ def worker_status(worker: Worker) -> str:
 
 
 class StatusFilter(admin.SimpleListFilter):
+    """Live and lost workers by default; those that stopped cleanly on request."""
+
     title = "status"
     parameter_name = "status"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        return [(LIVE, "live"), (LOST, "lost (missed heartbeats)"), (STOPPED, "stopped")]
+        return [
+            (LIVE, "live"),
+            (LOST, "lost (missed heartbeats)"),
+            (STOPPED, "stopped (clean exit)"),
+            (ALL, "all, with stopped"),
+        ]
+
+    def choices(self, changelist: Any) -> Any:
+        for choice in super().choices(changelist):
+            if choice["query_string"] == changelist.get_query_string(remove=[self.parameter_name]):
+                choice["display"] = "live and lost"  # What no choice shows.
+            yield choice
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Worker]) -> QuerySet[Worker]:
         cutoff = timezone.now() - timedelta(seconds=lost_after_seconds())
@@ -42,7 +60,9 @@ class StatusFilter(admin.SimpleListFilter):
             return queryset.filter(stopped_at__isnull=True, last_seen_at__lt=cutoff)
         if self.value() == STOPPED:
             return queryset.filter(stopped_at__isnull=False)
-        return queryset
+        if self.value() == ALL:
+            return queryset
+        return queryset.filter(stopped_at__isnull=True)
 
 
 @admin.register(Worker)

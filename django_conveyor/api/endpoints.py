@@ -2,7 +2,8 @@
 
 Job writes go through the same paths as the rest of the package: enqueue
 through the task's ConveyorBackend (so `protocol.enqueue`), requeue and
-cancel through `operations` (so `protocol.requeue` and `protocol.cancel`),
+cancel through `operations` (so `protocol.requeue`, `protocol.cancel` and,
+for a running job, `protocol.request_cancel`),
 as the admin and the CLI do.
 """
 
@@ -93,6 +94,8 @@ def job_out(job: Job, database: str) -> dict[str, Any]:
         "idempotency_key": job.idempotency_key,
         "return_value": job.return_value if job.state == JobState.COMPLETED else None,
         "errors": job.errors,
+        "cancel_requested_at": job.cancel_requested_at,
+        "cancel_requested_by": job.cancel_requested_by,
     }
 
 
@@ -306,14 +309,28 @@ def requeue_job(request: HttpRequest, job_id: str) -> dict[str, Any]:
 @router.post(
     "/jobs/{job_id}/cancel",
     tags=["jobs"],
-    response={200: JobOut, 409: ProblemOut, **ERRORS},
+    response={200: JobOut, 202: JobOut, 409: ProblemOut, **ERRORS},
     auth=credentials("operate", "conveyor.change_job"),
-    summary="Cancel a job that has not started",
+    summary="Cancel a job; a running one is asked to stop",
     url_name="cancel_job",
 )
-def cancel_job(request: HttpRequest, job_id: str) -> dict[str, Any]:
-    """409 unless the job is blocked or available."""
-    return _operate(request, job_id, operations.cancel, "cancelled", CANCELLABLE_STATES)
+def cancel_job(request: HttpRequest, job_id: str) -> Status:
+    """200: the job (blocked or available) is cancelled. 202: it is running, and the
+    worker holding it is asked to stop it (it ends cancelled within a heartbeat).
+    409 once it has finished."""
+    database, job = _job(job_id)
+    actor = request.auth.actor
+    status = 200
+    if not operations.cancel([job.id], database=database, actor=actor):
+        # Running (or claimed since it was read): ask its worker. A job already
+        # asked keeps the first request, and the answer is 202 again.
+        status = 202
+        operations.request_cancel([job.id], database=database, actor=actor)
+    job.refresh_from_db(using=database)
+    if status == 202 and not (job.state == JobState.RUNNING and job.cancel_requested_at):
+        raise _conflict(job_id, job, "cancelled", CANCELLABLE_STATES | {JobState.RUNNING})
+    logger.info("%s %s job %s", actor, "cancelled" if status == 200 else "asked to cancel", job_id)
+    return Status(status, job_out(job, database))
 
 
 def queue_out(entry: stats.QueueStats) -> dict[str, Any]:

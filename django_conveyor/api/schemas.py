@@ -71,6 +71,12 @@ class JobOut(JobSummary):
     idempotency_key: str | None
     return_value: Any = Field(None, description="What the handler returned, once completed.")
     errors: list[JobError]
+    cancel_requested_at: datetime | None = Field(
+        None, description="When an operator asked the running job's worker to stop it."
+    )
+    cancel_requested_by: str | None = Field(
+        None, description="Who asked: 'api:<key name>', 'admin:<username>', 'cli' or 'code'."
+    )
 
 
 class JobPage(Schema):

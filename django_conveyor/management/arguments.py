@@ -10,6 +10,7 @@ import argparse
 import math
 
 MAX_WORKER_ID_LENGTH = 64
+MAX_PORT = 65535
 
 
 def positive_int(text: str) -> int:
@@ -19,6 +20,16 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be 1 or more, got {value}")
+    return value
+
+
+def port_number(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    if not 1 <= value <= MAX_PORT:
+        raise argparse.ArgumentTypeError(f"must be a TCP port, 1 to {MAX_PORT}, got {value}")
     return value
 
 

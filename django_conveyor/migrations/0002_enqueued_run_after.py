@@ -10,7 +10,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("conveyor", "0004_api_keys"),
+        ("conveyor", "0005_indexes"),
     ]
 
     operations = [

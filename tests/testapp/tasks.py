@@ -224,3 +224,9 @@ def breaks_its_statement():
 
     with connection.cursor() as cursor:
         cursor.execute("SELECT no_such_column FROM conveyor_job")
+
+
+@task()
+def enqueues_child(key):
+    """Enqueues add(1, 2) under an idempotency key: a second run replays it."""
+    return add.using(idempotency_key=key).enqueue(1, 2).id

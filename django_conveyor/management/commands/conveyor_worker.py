@@ -6,6 +6,7 @@ import argparse
 import logging
 import signal
 import sys
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -15,6 +16,7 @@ from django_conveyor.conf import conveyor_settings
 from django_conveyor.exceptions import ConveyorConfigurationError
 from django_conveyor.management.arguments import (
     non_negative_seconds,
+    port_number,
     positive_int,
     positive_seconds,
     queue_list,
@@ -99,6 +101,18 @@ class Command(BaseCommand):
             help="Run no scheduler: enqueue no ticks of periodic schedules (CONVEYOR['CRON']).",
         )  # fmt: skip
         parser.add_argument(
+            "--metrics-port",
+            type=port_number,
+            default=None,
+            help="Serve Prometheus metrics on this port; with --processes N, one port per "
+            "process from this one up (needs django-conveyor[metrics]).",
+        )
+        parser.add_argument(
+            "--metrics-address",
+            default="0.0.0.0",
+            help="Address the metrics port listens on (default 0.0.0.0: every interface).",
+        )
+        parser.add_argument(
             "--backend",
             default="default",
             help="The TASKS alias whose queues to work (default 'default').",
@@ -139,16 +153,44 @@ class Command(BaseCommand):
             worker_id=options["worker_id"],
             cron=not options["no_cron"],
         )
+        exporter = self.exporter(options)
         if options["processes"] == 1:
-            code = Worker(worker_options).run()
+            code = exporter(worker_options, 0)
         else:
             child_options = replace(worker_options, stop_signals=(signal.SIGTERM,), supervised=True)
             code = Supervisor(
                 options["processes"],
-                lambda slot: Worker(child_options).run(),
+                lambda slot: exporter(child_options, slot),
                 burst=options["burst"],
             ).run()
         sys.exit(code)
+
+    def exporter(self, options: dict[str, Any]) -> Callable[[WorkerOptions, int], int]:
+        """How to run the worker of one slot: plain, or serving its metrics first."""
+        port = options["metrics_port"]
+        if port is None:
+            return lambda worker_options, slot: Worker(worker_options).run()
+        try:
+            from django_conveyor.metrics import worker as worker_metrics
+        except ImportError as exc:
+            raise CommandError(
+                f"--metrics-port needs prometheus_client ({exc}). Install the metrics extra: "
+                'pip install "django-conveyor[metrics]"'
+            ) from exc
+        try:
+            runner = worker_metrics.slot_runner(
+                options["metrics_address"], port, processes=options["processes"]
+            )
+        except worker_metrics.PortTaken as exc:
+            raise CommandError(f"{exc} Choose another --metrics-port.") from exc
+
+        def run(worker_options: WorkerOptions, slot: int) -> int:
+            try:
+                return runner(worker_options, slot)
+            except worker_metrics.PortTaken as exc:  # Taken since the check.
+                raise CommandError(f"{exc} Choose another --metrics-port.") from exc
+
+        return run
 
     def backend_queues(self, alias: str) -> set[str]:
         from django_conveyor.backend import ConveyorBackend

@@ -11,14 +11,17 @@ expected, 1 otherwise.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 from types import FrameType
@@ -28,11 +31,12 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
+from django.db import connections
 from django.utils import timezone
 
 from django_conveyor import apikeys, schedules
 from django_conveyor.conf import conveyor_settings
-from django_conveyor.management.arguments import positive_seconds
+from django_conveyor.management.arguments import port_number, positive_seconds
 from django_conveyor.models import ApiKey, Job, LedgerEntry
 from django_conveyor.states import FINAL_STATES, JobState
 from shop.models import GatewayCharge, Order, Payment, StockReport
@@ -49,6 +53,8 @@ WORKER_STOP_TIMEOUT_SECONDS = 30.0  # Past the worker's own shutdown timeout.
 POLL_INTERVAL_SECONDS = 0.25
 REPORT_SECONDS = 3600.0  # The long job left running for the console's cancel button.
 SCHEDULED_IN = timedelta(hours=1)
+TRAFFIC_SECONDS = 15.0  # While serving, a customer orders this often (the dashboard's chart).
+METRICS_PORTS = range(9100, 9200)  # The worker's --metrics-port: the first free one.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 DEMO_ORDERS = [
@@ -67,16 +73,6 @@ def curl_enqueue(base: str, api_key: str) -> str:
         f"curl -sS -X POST {base}/conveyor/api/jobs -H 'Authorization: Bearer {api_key}' "
         f"-H 'Content-Type: application/json' -H 'Idempotency-Key: demo-receipt-1' -d '{body}'"
     )
-
-
-def port_number(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
-    if not 1 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"must be between 1 and 65535, got {value}")
-    return value
 
 
 def plural(count: int, noun: str) -> str:
@@ -123,6 +119,12 @@ class Command(BaseCommand):
             help="Demo orders to place (default 3).",
         )
         parser.add_argument(
+            "--no-traffic",
+            action="store_true",
+            help=f"While serving, place no order every {TRAFFIC_SECONDS:g}s (the dashboard's "
+            "chart then shows the demo orders alone).",
+        )
+        parser.add_argument(
             "--timeout",
             type=positive_seconds,
             default=60.0,
@@ -141,6 +143,7 @@ class Command(BaseCommand):
         login = self.ensure_demo_user()
         api_key = self.ensure_demo_api_key()
 
+        self.stop_traffic: Callable[[], None] = lambda: None
         previous = {sig: signal.signal(sig, raise_keyboard_interrupt) for sig in STOP_SIGNALS}
         worker = self.start_worker()
         settled = interrupted = False
@@ -152,10 +155,11 @@ class Command(BaseCommand):
                 self.show_api(f"http://127.0.0.1:{options['port']}", api_key)
                 self.stdout.write("    (run without --no-serve to serve the site and its API)")
             else:
-                self.serve(options["port"], login, api_key, settled)
+                self.serve(options["port"], login, api_key, settled, not options["no_traffic"])
         except KeyboardInterrupt:
             interrupted = True
         finally:
+            self.stop_traffic()
             self.stop_worker(worker)
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
@@ -198,17 +202,16 @@ class Command(BaseCommand):
     def start_worker(self) -> subprocess.Popen[bytes]:
         queues = ",".join(settings.TASKS["default"]["QUEUES"])
         manage_py = Path(settings.BASE_DIR) / "manage.py"
-        command = [
-            sys.executable,
-            str(manage_py),
-            "conveyor_worker",
-            "--queues",
-            queues,
-            "--concurrency",
-            str(WORKER_CONCURRENCY),
-        ]
-        self.step(f"Starting a worker: manage.py conveyor_worker --queues {queues} "
-                  f"--concurrency {WORKER_CONCURRENCY}")  # fmt: skip
+        flags = ["--queues", queues, "--concurrency", str(WORKER_CONCURRENCY)]
+        self.metrics_port = (
+            next((p for p in METRICS_PORTS if port_is_free(p)), None)
+            if importlib.util.find_spec("prometheus_client")  # django-conveyor[metrics]
+            else None
+        )
+        if self.metrics_port is not None:
+            flags += ["--metrics-port", str(self.metrics_port), "--metrics-address", "127.0.0.1"]
+        command = [sys.executable, str(manage_py), "conveyor_worker", *flags]
+        self.step(f"Starting a worker: manage.py conveyor_worker {' '.join(flags)}")
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         # Show a retry that reuses the idempotency key: see shop/gateway.py.
         env.setdefault("SHOP_GATEWAY_DROP_FIRST_REPLY", "1")
@@ -334,9 +337,32 @@ class Command(BaseCommand):
         )
         return int(report.id)
 
-    def serve(self, port: int, login: str, api_key: str, settled: bool) -> None:
+    def place_orders_now_and_then(self) -> None:
+        """A customer every TRAFFIC_SECONDS, so the dashboard has throughput to chart."""
+        stop = threading.Event()
+        self.stop_traffic = stop.set
+
+        def shop() -> None:
+            n = 0
+            while not stop.wait(TRAFFIC_SECONDS):
+                email, item, quantity, price = DEMO_ORDERS[n % len(DEMO_ORDERS)]
+                try:
+                    place_order(email=email, item=item, quantity=quantity, unit_price_cents=price)
+                except Exception as exc:  # The demo's site keeps serving.
+                    self.stderr.write(f"    demo traffic stopped: {exc}")
+                    return
+                finally:
+                    connections.close_all()
+                n += 1
+
+        threading.Thread(target=shop, name="demo-traffic", daemon=True).start()
+        self.stdout.write(f"    a demo customer places an order every {TRAFFIC_SECONDS:g}s")
+
+    def serve(self, port: int, login: str, api_key: str, settled: bool, traffic: bool) -> None:
         base = f"http://127.0.0.1:{port}"
         report = self.enqueue_console_jobs()
+        if traffic:
+            self.place_orders_now_and_then()
         self.step("Serving the shop (Ctrl-C stops the site and the worker)")
         self.stdout.write(f"    shop:         {base}/")
         self.stdout.write(f"    admin:        {base}/admin/  ({login})")
@@ -351,6 +377,8 @@ class Command(BaseCommand):
     def show_api(self, base: str, api_key: str) -> None:
         self.stdout.write(f"    API docs:     {base}/conveyor/api/docs")
         self.stdout.write(f"    metrics:      {base}/conveyor/metrics")
+        if self.metrics_port is not None:
+            self.stdout.write(f"    worker:       http://127.0.0.1:{self.metrics_port}/metrics")
         self.stdout.write(f"    API key:      {api_key}")
         self.stdout.write("    enqueue a receipt over HTTP:")
         self.stdout.write(f"      {curl_enqueue(base, api_key)}")

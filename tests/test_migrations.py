@@ -1,0 +1,33 @@
+"""The index consolidation runs on a table with data, both ways."""
+
+import pytest
+from django.core.management import call_command
+from django.db import connection
+from django.db.migrations.loader import MigrationLoader
+
+from django_conveyor.models import Job
+from tests.factories import JobFactory
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+MIGRATION = "0005_indexes"  # Drops conveyor_job_state_idx.
+
+
+def indexes() -> set[str]:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT indexname FROM pg_indexes WHERE tablename = 'conveyor_job'")
+        return {name for (name,) in cursor.fetchall()}
+
+
+def test_the_overlapping_state_index_is_dropped_and_restored_with_data():
+    loader = MigrationLoader(connection)
+    (before,) = loader.graph.node_map[("conveyor", MIGRATION)].parents
+    JobFactory.create_batch(3, dead=True)
+    try:
+        call_command("migrate", "conveyor", before.key[1], verbosity=0)
+        assert "conveyor_job_state_idx" in indexes()
+    finally:
+        call_command("migrate", "conveyor", verbosity=0)
+    assert "conveyor_job_state_idx" not in indexes()
+    assert {"conveyor_job_list_idx", "conveyor_job_dead_letter_idx"} <= indexes()
+    assert Job.objects.filter(state="dead").count() == 3
