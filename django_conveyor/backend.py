@@ -21,11 +21,11 @@ from .compat import (
     task_enqueued,
 )
 from .conf import conveyor_settings
+from .exceptions import DependencyInOtherDatabase
 from .results import ConveyorTaskResult, parse_result_id, result_from_job, result_id, task_result
 from .serialization import json_round_trip
 from .signals import task_enqueue_replayed
-from .states import JobState
-from .tasks import ConveyorTask
+from .tasks import DEPENDENCY_POLICIES, ConveyorTask
 
 MAX_IDEMPOTENCY_KEY_LENGTH = 255
 
@@ -52,6 +52,12 @@ class ConveyorBackend(BaseTaskBackend):
                 isinstance(value, bool) or not isinstance(value, int | float) or value <= 0
             ):
                 raise InvalidTask(f"{name} must be a positive number of seconds, not {value!r}.")
+        policy = getattr(task, "dependency_policy", "cancel")
+        if policy not in DEPENDENCY_POLICIES:
+            raise InvalidTask(
+                f"dependency_policy must be one of {', '.join(map(repr, DEPENDENCY_POLICIES))}, "
+                f"not {policy!r:.80}."
+            )
         key = getattr(task, "idempotency_key", None)
         if key is not None and (
             not isinstance(key, str) or not key or len(key) > MAX_IDEMPOTENCY_KEY_LENGTH
@@ -61,7 +67,10 @@ class ConveyorBackend(BaseTaskBackend):
                 f"{MAX_IDEMPOTENCY_KEY_LENGTH} characters, not {key!r:.80}."
             )
 
-    def _new_job(self, task: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> protocol.NewJob:
+    def _new_job(
+        self, task: Any, args: Sequence[Any], kwargs: dict[str, Any], after: Sequence[int] = ()
+    ) -> protocol.NewJob:
+        """The row for one call; `after` adds job ids (in the same database) to wait for."""
         return protocol.NewJob(
             task_path=task.module_path,
             args=json_round_trip(list(args), f"{task.name}() args"),
@@ -72,11 +81,28 @@ class ConveyorBackend(BaseTaskBackend):
             max_attempts=getattr(task, "max_attempts", None) or conveyor_settings().MAX_ATTEMPTS,
             run_after=task.run_after,
             idempotency_key=getattr(task, "idempotency_key", None),
+            depends_on=(*self._dependency_job_ids(task), *after),
+            dependency_policy=getattr(task, "dependency_policy", "cancel"),
         )
+
+    def _dependency_job_ids(self, task: Any) -> list[int]:
+        """The job ids of `task.depends_on`, which must share the new job's database."""
+        database = conveyor_settings().database_for(task.queue_name)
+        ids = []
+        for dependency in getattr(task, "depends_on", ()):
+            alias, job_id = parse_result_id(dependency)
+            if alias != database:
+                raise DependencyInOtherDatabase(
+                    f"Dependency {dependency!r} lives in database {alias!r}, but a "
+                    f"{task.name} job on queue {task.queue_name!r} lives in {database!r}; "
+                    "a job and its dependencies share one database."
+                )
+            ids.append(job_id)
+        return ids
 
     def enqueue(self, task: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> ConveyorTaskResult:
         self.validate_task(task)
-        return self._insert(task, [self._new_job(task, args, kwargs)])[0]
+        return self._insert([task], [self._new_job(task, args, kwargs)])[0]
 
     def enqueue_many(
         self, task: Any, calls: Iterable[tuple[Sequence[Any], dict[str, Any]]]
@@ -89,14 +115,17 @@ class ConveyorBackend(BaseTaskBackend):
                 "enqueue keyed jobs one at a time."
             )
         jobs = [self._new_job(task, args, kwargs) for args, kwargs in calls]
-        return self._insert(task, jobs) if jobs else []
+        return self._insert([task] * len(jobs), jobs) if jobs else []
 
-    def _insert(self, task: Any, jobs: list[protocol.NewJob]) -> list[ConveyorTaskResult]:
-        database = conveyor_settings().database_for(task.queue_name)
+    def _insert(
+        self, tasks: Sequence[Any], jobs: list[protocol.NewJob]
+    ) -> list[ConveyorTaskResult]:
+        """Insert jobs (all in the database of the first task's queue) in one ENQUEUE."""
+        database = conveyor_settings().database_for(tasks[0].queue_name)
         with connections[database].cursor() as cursor:
             enqueued = protocol.enqueue(cursor, jobs, notify=conveyor_settings().NOTIFY)
         results = []
-        for job, row in zip(jobs, enqueued, strict=True):
+        for task, job, row in zip(tasks, jobs, enqueued, strict=True):
             if not row.created:  # The idempotency key named an existing job.
                 replayed = self._load(database, row.id, created=False)
                 task_enqueue_replayed.send(type(self), task_result=replayed)
@@ -106,7 +135,7 @@ class ConveyorBackend(BaseTaskBackend):
                 task,
                 database=database,
                 job_id=row.id,
-                state=JobState.AVAILABLE,
+                state=row.state,
                 args=job.args,
                 kwargs=job.kwargs,
                 backend=self.alias,

@@ -18,6 +18,7 @@ from django.db import connections, transaction
 from . import ledger, protocol
 from .compat import TaskContext
 from .exceptions import LeaseLost
+from .results import ConveyorTaskResult, result_from_job
 
 if TYPE_CHECKING:
     from .leases import HeldLease
@@ -26,6 +27,19 @@ if TYPE_CHECKING:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class JobContext(TaskContext):
     held: HeldLease = field(repr=False)  # The worker's lease, shared with its control loop.
+    _loaded: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def dependency_results(self) -> dict[str, ConveyorTaskResult]:
+        """The results of the jobs this one depends on, by result id, in id order.
+
+        Read with one query, on first use, however many dependencies there
+        are. A dependency's `return_value` is there when it completed; with
+        `dependency_policy="run"`, check `status` (or `state`) first.
+        """
+        if "dependencies" not in self._loaded:
+            self._loaded["dependencies"] = dependency_results(self.database, self.job_id)
+        return self._loaded["dependencies"]
 
     @property
     def attempt(self) -> int:
@@ -78,6 +92,13 @@ class JobContext(TaskContext):
         reaper (which skips locked rows) cannot take the job back while the
         block runs. Raises LeaseLost, with nothing committed, when the token
         no longer holds the job.
+
+        The transaction is bounded by the worker's lease: PostgreSQL cancels a
+        statement in it that runs longer than one lease, and ends the
+        transaction (closing the connection) when the block goes a lease
+        without a statement, so a worker frozen inside it cannot hold the job
+        for ever. The job is then reaped and run again; the block's next
+        statement, and its commit, fail with nothing committed.
         """
         held = self.held
         connection = connections[self.database]
@@ -98,6 +119,7 @@ class JobContext(TaskContext):
     def _guarded(self, connection: Any) -> Iterator[None]:
         with transaction.atomic(using=self.database):
             with connection.cursor() as cursor:
+                protocol.bound_transaction(cursor, seconds=self.held.lease_seconds)
                 if not protocol.lock_for_effect(
                     cursor, job_id=self.job_id, owner=self.worker_id, version=self.token
                 ):
@@ -132,3 +154,14 @@ def _nested(connection: Any, outer_blocks: int) -> bool:
     if outer_blocks:
         return len(connection.atomic_blocks) > outer_blocks
     return connection.in_atomic_block
+
+
+def dependency_results(database: str, job_id: int) -> dict[str, ConveyorTaskResult]:
+    """The results of every job `job_id` depends on, by result id: one query."""
+    from .models import Dependency, Job
+
+    jobs = Job.objects.using(database).filter(
+        pk__in=Dependency.objects.using(database).filter(job_id=job_id).values("depends_on_id")
+    )
+    results = (result_from_job(job, database=database) for job in jobs.order_by("id"))
+    return {result.id: result for result in results}

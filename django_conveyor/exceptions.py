@@ -35,6 +35,34 @@ class Cancelled(ConveyorError):
     """The job was cancelled before it ran (recorded in its errors)."""
 
 
+class DependencyFailed(ConveyorError):
+    """A dependency ended failed, dead or cancelled, so this job was cancelled unrun."""
+
+
+class InvalidDependencies(ConveyorError, ValueError):
+    """A job's dependencies cannot be honoured; nothing was enqueued."""
+
+
+class DependencyNotFound(InvalidDependencies):
+    """A dependency names no job in the database the dependent would live in."""
+
+
+class DependencyInOtherDatabase(InvalidDependencies):
+    """A dependency lives in another database (shard) than its dependent."""
+
+
+class DependencyCycle(InvalidDependencies):
+    """The steps of one workflow depend on each other in a circle."""
+
+
+class DependencyAlreadyFailed(InvalidDependencies):
+    """A dependency already ended failed, dead or cancelled: the dependent could never run."""
+
+
+class TooManyDependencies(InvalidDependencies):
+    """A job names more dependencies than the documented limit."""
+
+
 class EffectAlreadyApplied(ConveyorError):
     """The ledger already holds this effect for this job."""
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from . import outcomes
+from .conf import DEFAULT_LEASE_SECONDS
 from .logs import log_job
 from .outcomes import Outcome
 from .protocol import Cursor, Lease
@@ -37,6 +38,8 @@ class HeldLease:
 
     lease: Lease  # The row as claimed; lease.owner and lease.version are the token.
     database: str  # The alias whose conveyor_job holds the job.
+    # Bounds each statement, and each idle gap, of context.atomic() (seconds).
+    lease_seconds: float = DEFAULT_LEASE_SECONDS
     # Set by the loop, read by the handler's thread: a plain flag is enough (and cheap).
     lost: bool = False
     lost_reason: str = ""
@@ -71,10 +74,17 @@ class HeldLease:
 
 class Leases:
     def __init__(
-        self, owner: str, database: str, stats: Stats, instrument: Instrument | None = None
+        self,
+        owner: str,
+        database: str,
+        stats: Stats,
+        instrument: Instrument | None = None,
+        *,
+        lease_seconds: float = DEFAULT_LEASE_SECONDS,
     ) -> None:
         self.owner = owner  # The worker id: lease_owner of every lease held here.
         self.database = database
+        self.lease_seconds = lease_seconds  # Of a claim or heartbeat: bounds context.atomic().
         self.stats = stats
         self.instrument = instrument  # None: nothing listens, and nothing is called.
         self.held: dict[int, HeldLease] = {}
@@ -84,7 +94,7 @@ class Leases:
 
     def take(self, claimed: list[Lease]) -> list[HeldLease]:
         """Hold the leases a claim returned."""
-        taken = [HeldLease(lease, self.database) for lease in claimed]
+        taken = [HeldLease(lease, self.database, self.lease_seconds) for lease in claimed]
         for held in taken:
             self.held[held.lease.id] = held
         if claimed:

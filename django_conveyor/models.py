@@ -14,6 +14,13 @@ from .states import JobState
 PRIORITY_RANGE = Q(priority__gte=-100) & Q(priority__lte=100)
 
 
+class DependencyPolicy(models.TextChoices):
+    """What a dependency that ends failed, dead or cancelled does to its dependent."""
+
+    CANCEL = "cancel", "cancel: the dependent is cancelled"
+    RUN = "run", "run: the dependent runs once every dependency is final"
+
+
 class Job(models.Model):
     id = models.BigAutoField(primary_key=True)
     task_path = models.CharField(max_length=255)
@@ -45,6 +52,15 @@ class Job(models.Model):
     # A cancel request on a running job (REQUEST_CANCEL); REQUEUE clears it.
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
     cancel_requested_by = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
+    # Workflows (docs/workflows.md): dependencies not yet satisfied, and what
+    # a failed dependency does to this job. Database defaults cover every INSERT.
+    pending_dependencies = models.IntegerField(default=0, db_default=0)
+    dependency_policy = models.CharField(
+        max_length=8,
+        choices=DependencyPolicy.choices,
+        default=DependencyPolicy.CANCEL,
+        db_default=DependencyPolicy.CANCEL.value,
+    )
 
     class Meta:
         db_table = "conveyor_job"
@@ -101,6 +117,10 @@ class Job(models.Model):
             models.CheckConstraint(
                 condition=Q(max_attempts__gte=1), name="conveyor_job_max_attempts_positive"
             ),
+            models.CheckConstraint(
+                condition=Q(dependency_policy__in=[p.value for p in DependencyPolicy]),
+                name="conveyor_job_dependency_policy_valid",
+            ),
         ]
 
     def __str__(self) -> str:
@@ -109,6 +129,30 @@ class Job(models.Model):
     @property
     def task_name(self) -> str:
         return self.task_path.rsplit(".", 1)[-1]
+
+
+class Dependency(models.Model):
+    """An edge of a workflow: `job` runs after `depends_on` (protocol.ENQUEUE writes it)."""
+
+    pk = models.CompositePrimaryKey("job", "depends_on")
+    # No index of their own: the primary key leads with job, the index below with depends_on.
+    job = models.ForeignKey(
+        Job, on_delete=models.CASCADE, related_name="dependency_edges", db_index=False
+    )
+    depends_on = models.ForeignKey(
+        Job, on_delete=models.CASCADE, related_name="dependent_edges", db_index=False
+    )
+
+    class Meta:
+        db_table = "conveyor_dependency"
+        indexes = [
+            # UNBLOCK, CANCEL_DEPENDENTS and REBLOCK_DEPENDENTS go from a job
+            # to its dependents; the primary key serves the other direction.
+            models.Index(fields=["depends_on", "job"], name="conveyor_dependency_rev_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"job {self.job_id} after job {self.depends_on_id}"
 
 
 class DeadLetter(Job):

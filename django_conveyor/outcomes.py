@@ -73,7 +73,7 @@ def _complete(cur: Cursor, owner: str, batch: list[Outcome]) -> dict[int, str]:
 def _retry(cur: Cursor, owner: str, batch: list[Outcome]) -> dict[int, str]:
     failures = [(o.lease.id, o.lease.version, o.delay, o.error) for o in batch]
     states = protocol.retry(cur, owner=owner, failures=failures)
-    return {i: "dead" if state == "dead" else "retried" for i, state in states.items()}
+    return {i: "retried" if state == "available" else state for i, state in states.items()}
 
 
 def _fail(cur: Cursor, owner: str, batch: list[Outcome]) -> dict[int, str]:

@@ -6,8 +6,11 @@ after the spec action it implements, and nothing else in the package writes
 
 States and the only transitions (DESIGN §3)::
 
+    (enqueue with unfinished dependencies) --ENQUEUE--> blocked
+    blocked --UNBLOCK (with the COMPLETE of its last dependency)--> available
+    blocked --CANCEL_DEPENDENTS (with a dependency's FAIL / dead / CANCEL)--> cancelled
+    cancelled by a dependency --REBLOCK_DEPENDENTS (with that REQUEUE)--> blocked
     available --CLAIM--> running --COMPLETE--> completed
-    (blocked is reserved for jobs with dependencies; no statement creates it yet)
     available <--RETRY / SNOOZE / RELEASE / REAP-- running
     running --FAIL--> failed      running --RETRY / REAP (attempts used)--> dead
     blocked / available --CANCEL--> cancelled
@@ -34,6 +37,21 @@ token, so the handler's own outcome then matches zero rows. From the request
 on, LOCK_FOR_EFFECT refuses the job (no effect commits after a cancel), and
 a lease that expires instead is reaped to `cancelled`. REQUEUE clears it.
 
+Workflows. A job with dependencies (`conveyor_dependency`) is `blocked`
+while `pending_dependencies`, the count of dependencies not yet satisfied,
+is above 0; it is decremented, never recounted, in the transaction that
+satisfies one (O(1) per completed dependency). UNBLOCK runs inside
+`complete()` for the ids the fenced COMPLETE really wrote, so a refused
+(zombie) completion unblocks nothing. CANCEL_DEPENDENTS runs inside every
+function that makes a job failed, dead or cancelled (`retry`, `fail`,
+`reap`, `cancel`, `cancel_held`): a blocked dependent with policy
+`cancel` becomes `cancelled` with a `DependencyFailed` error naming the
+dependency, and so on down the graph; one with policy `run` is
+decremented. `requeue()` runs REBLOCK_DEPENDENTS: the dependents that a
+dependency's failure cancelled return to `blocked`, transitively, their
+counters recomputed under share locks on their dependencies. Lock order is
+always a dependency before its dependents.
+
 Operators leave a trace: REQUEUE, CANCEL, REQUEST_CANCEL and CANCEL_HELD
 append `{"time", "actor", "action", "detail"}` to the job's `history`.
 
@@ -41,7 +59,10 @@ The clock. Leases are compared with the database's `now()`, never a
 worker's clock, so clock skew between hosts cannot break them. REAP takes
 back leases whose `lease_expires_at < now()`; it skips rows locked by a
 worker's guarded transaction, so a handler that holds the row lock in
-LOCK_FOR_EFFECT cannot lose the job between its check and its commit.
+LOCK_FOR_EFFECT cannot lose the job between its check and its commit. That
+lock must not outlive a worker that stopped: BOUND_TRANSACTION, the first
+statement of the guarded transaction, makes PostgreSQL end it when a
+statement runs, or the session sits idle, for longer than one lease.
 
 Invariants (checked by the spec, SPIN, the property tests and fault runs):
 at most one worker holds a valid lease on a job; an outcome is written only
@@ -57,11 +78,18 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from .exceptions import IdempotencyKeyReused
+from .exceptions import (
+    DependencyAlreadyFailed,
+    DependencyNotFound,
+    IdempotencyKeyReused,
+    TooManyDependencies,
+)
 from .states import JobState
 
 NOTIFY_CHANNEL = "conveyor"
 DEFAULT_ACTOR = "code"  # Who changed a job, when the caller does not say.
+MAX_DEPENDENCIES = 10_000  # Per job: one fan-in callback after a 10,000-job group.
+UNSUCCESSFUL_STATES = ("failed", "dead", "cancelled")  # Final, but not completed.
 
 
 def _history(action: str, detail: str) -> str:
@@ -74,7 +102,8 @@ def _history(action: str, detail: str) -> str:
 
 _ENQUEUE_COLUMNS = """
     task_path text, args jsonb, kwargs jsonb, queue text, backend text, priority int,
-    max_attempts int, run_after timestamptz, idempotency_key text, ord int
+    max_attempts int, run_after timestamptz, idempotency_key text, ord int,
+    pending int, policy text
 """
 
 ENQUEUE = f"""
@@ -83,17 +112,36 @@ WITH input AS (
 ), inserted AS (
     INSERT INTO conveyor_job (
         task_path, args, kwargs, queue, backend, priority, state, attempt, max_attempts,
-        run_after, enqueued_run_after, lease_version, idempotency_key, errors, enqueued_at
+        run_after, enqueued_run_after, lease_version, idempotency_key, errors, enqueued_at,
+        pending_dependencies, dependency_policy
     )
-    SELECT task_path, args, kwargs, queue, backend, priority, 'available', 0, max_attempts,
-           COALESCE(run_after, now()), run_after, 0, idempotency_key, '[]'::jsonb, now()
+    SELECT task_path, args, kwargs, queue, backend, priority,
+           CASE WHEN pending > 0 THEN 'blocked' ELSE 'available' END, 0, max_attempts,
+           COALESCE(run_after, now()), run_after, 0, idempotency_key, '[]'::jsonb, now(),
+           pending, policy
     FROM input ORDER BY ord
     ON CONFLICT (idempotency_key) DO NOTHING
-    RETURNING id, idempotency_key, queue, run_after, enqueued_at
+    RETURNING id, idempotency_key, queue, run_after, enqueued_at, state
 )
-SELECT id, idempotency_key, enqueued_at, run_after,
-       CASE WHEN %(notify)s AND run_after <= now() THEN pg_notify(%(channel)s, queue) END
+SELECT id, idempotency_key, enqueued_at, run_after, state,
+       CASE WHEN %(notify)s AND state = 'available' AND run_after <= now()
+            THEN pg_notify(%(channel)s, queue) END
 FROM inserted
+"""
+
+# Part of ENQUEUE: the edges of the jobs it created, in the same transaction.
+ENQUEUE_DEPENDENCIES = """
+INSERT INTO conveyor_dependency (job_id, depends_on_id)
+SELECT * FROM unnest(%(job_ids)s::bigint[], %(depends_on_ids)s::bigint[])
+ON CONFLICT DO NOTHING
+"""
+
+# Read by ENQUEUE before it writes: the dependencies' states, share-locked
+# until the caller commits, so a dependency cannot complete (or fail) between
+# this read and the new edges' commit without its UNBLOCK seeing them. In id
+# order, so two enqueues sharing dependencies never deadlock.
+LOCK_DEPENDENCIES = """
+SELECT id, state FROM conveyor_job WHERE id = ANY(%(ids)s) ORDER BY id FOR SHARE
 """
 
 EXISTING_BY_KEY = """
@@ -160,6 +208,116 @@ WHERE j.id = h.id AND j.state = 'running'
 RETURNING j.id
 """
 
+# Dependents are locked in id order (two batches completing dependencies of
+# the same jobs never deadlock) and re-checked as blocked under the lock.
+_DEPENDENTS_OF = """
+WITH hits AS (
+    SELECT d.job_id, count(*) AS n, min(d.depends_on_id) AS first
+    FROM conveyor_dependency AS d
+    WHERE d.depends_on_id = ANY(%(ids)s)
+    GROUP BY d.job_id
+), locked AS (
+    SELECT j.id, hits.n, hits.first
+    FROM conveyor_job AS j JOIN hits ON j.id = hits.job_id
+    WHERE j.state = 'blocked'
+    ORDER BY j.id
+    FOR UPDATE OF j
+)"""
+
+_NOTIFY_AVAILABLE = """CASE WHEN %(notify)s AND j.state = 'available' AND j.run_after <= now()
+            THEN pg_notify(%(channel)s, j.queue) END"""
+
+UNBLOCK = f"""{_DEPENDENTS_OF}
+UPDATE conveyor_job AS j
+SET pending_dependencies = j.pending_dependencies - locked.n,
+    state = CASE WHEN j.pending_dependencies - locked.n > 0 THEN 'blocked' ELSE 'available' END,
+    run_after = CASE WHEN j.pending_dependencies - locked.n > 0 THEN j.run_after
+                     ELSE greatest(j.run_after, now()) END
+FROM locked
+WHERE j.id = locked.id
+RETURNING j.id, j.state, {_NOTIFY_AVAILABLE}
+"""
+
+DEPENDENCY_FAILED = "django_conveyor.exceptions.DependencyFailed"
+
+CANCEL_DEPENDENTS = f"""{_DEPENDENTS_OF}
+UPDATE conveyor_job AS j
+SET state = CASE WHEN j.dependency_policy = 'cancel' THEN 'cancelled'
+                 WHEN j.pending_dependencies - locked.n > 0 THEN 'blocked'
+                 ELSE 'available' END,
+    pending_dependencies = CASE WHEN j.dependency_policy = 'cancel' THEN j.pending_dependencies
+                                ELSE j.pending_dependencies - locked.n END,
+    finished_at = CASE WHEN j.dependency_policy = 'cancel' THEN now() END,
+    run_after = CASE WHEN j.dependency_policy = 'run' AND j.pending_dependencies - locked.n <= 0
+                     THEN greatest(j.run_after, now()) ELSE j.run_after END,
+    errors = CASE WHEN j.dependency_policy = 'run' THEN j.errors
+        ELSE j.errors || jsonb_build_array(jsonb_build_object(
+            'attempt', j.attempt, 'worker', NULL, 'token', j.lease_version,
+            'exception_class_path', '{DEPENDENCY_FAILED}',
+            'traceback', 'Dependency ' || e.id || ' (' || e.task_path || ') ended '
+                || e.state || '; this job was cancelled without running.',
+            'dependency', e.id, 'time', now())) END
+FROM locked JOIN conveyor_job AS e ON e.id = locked.first
+WHERE j.id = locked.id
+RETURNING j.id, j.state, {_NOTIFY_AVAILABLE}
+"""
+
+# The candidates: the given jobs that REQUEUE made blocked, and their
+# dependents that a dependency's failure cancelled (the last error says so;
+# an operator's cancel leaves another) or that have policy 'run' and have not
+# started (their dependency is unfinished again). Their
+# dependencies are share-locked before the candidates are locked (a
+# dependency before its dependents, as COMPLETE then UNBLOCK do), so the
+# counts read the latest committed states and nothing changes them before
+# this commits. A job cancelled by a dependency stays cancelled while another
+# of its dependencies is failed, dead or cancelled.
+REBLOCK_DEPENDENTS = f"""
+WITH candidates AS (
+    SELECT j.id FROM conveyor_job AS j WHERE j.id = ANY(%(ids)s) AND j.state = 'blocked'
+    UNION
+    SELECT j.id
+    FROM conveyor_dependency AS d JOIN conveyor_job AS j ON j.id = d.job_id
+    WHERE d.depends_on_id = ANY(%(ids)s)
+      AND ((j.state IN ('blocked', 'available') AND j.dependency_policy = 'run')
+           OR (j.state = 'cancelled'
+               AND j.errors -> -1 ->> 'exception_class_path' = '{DEPENDENCY_FAILED}'))
+), upstream AS (
+    SELECT d.job_id, p.state
+    FROM candidates AS c
+    JOIN conveyor_dependency AS d ON d.job_id = c.id
+    JOIN conveyor_job AS p ON p.id = d.depends_on_id
+    ORDER BY p.id
+    FOR SHARE OF p
+), counted AS (
+    SELECT job_id,
+           count(*) FILTER (WHERE state <> 'completed') AS unfinished,
+           count(*) FILTER (
+               WHERE state NOT IN ('completed', 'failed', 'dead', 'cancelled')) AS unsettled
+    FROM upstream GROUP BY job_id
+), locked AS (
+    SELECT j.id, c.unfinished, c.unsettled
+    FROM conveyor_job AS j JOIN counted AS c ON j.id = c.job_id
+    ORDER BY j.id
+    FOR UPDATE OF j
+)
+UPDATE conveyor_job AS j
+SET pending_dependencies = CASE WHEN j.dependency_policy = 'run' THEN locked.unsettled
+                                ELSE locked.unfinished END,
+    state = CASE WHEN (CASE WHEN j.dependency_policy = 'run' THEN locked.unsettled
+                            ELSE locked.unfinished END) > 0 THEN 'blocked' ELSE 'available' END,
+    finished_at = NULL,
+    run_after = greatest(j.run_after, now()),
+    history = CASE WHEN j.state = 'blocked' THEN j.history ELSE j.history || jsonb_build_array(
+        jsonb_build_object('time', now(), 'actor', %(actor)s::text, 'action', 'reblock',
+                           'detail', 'a dependency was requeued, was ' || j.state)) END
+FROM locked
+WHERE j.id = locked.id
+  AND (j.state = 'blocked' OR (j.state = 'available' AND j.dependency_policy = 'run')
+       OR (j.state = 'cancelled' AND (j.dependency_policy = 'run'
+           OR locked.unfinished = locked.unsettled)))
+RETURNING j.id, j.state, {_NOTIFY_AVAILABLE}
+"""
+
 RECORD_RESULT = f"""
 UPDATE conveyor_job AS j
 SET return_value = h.return_value
@@ -173,11 +331,19 @@ _ERROR_ENTRY = """jsonb_build_array(h.error || jsonb_build_object(
         'attempt', j.attempt, 'worker', j.lease_owner, 'token', j.lease_version,
         'started_at', j.started_at, 'time', now()))"""
 
+# RETRY, SNOOZE and RELEASE hand a running job back; one with a cancel
+# request ends cancelled instead, so that it never runs again (as REAP does):
+# the handler may have ended before its worker's heartbeat told it.
+_HAND_BACK = "CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled' ELSE 'available' END"
+_HANDED_BACK_AT = "CASE WHEN j.cancel_requested_at IS NOT NULL THEN now() END"
+
 RETRY = f"""
 UPDATE conveyor_job AS j
-SET state = CASE WHEN j.attempt >= j.max_attempts THEN 'dead' ELSE 'available' END,
+SET state = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
+                 WHEN j.attempt >= j.max_attempts THEN 'dead' ELSE 'available' END,
     run_after = now() + make_interval(secs => h.delay),
-    finished_at = CASE WHEN j.attempt >= j.max_attempts THEN now() END,
+    finished_at = CASE WHEN j.cancel_requested_at IS NOT NULL
+                         OR j.attempt >= j.max_attempts THEN now() END,
     errors = j.errors || {_ERROR_ENTRY},
     lease_owner = NULL, lease_expires_at = NULL
 {_HELD}, delay float8, error jsonb)
@@ -198,7 +364,7 @@ RETURNING j.id
 
 SNOOZE = f"""
 UPDATE conveyor_job AS j
-SET state = 'available', attempt = j.attempt - 1,
+SET state = {_HAND_BACK}, finished_at = {_HANDED_BACK_AT}, attempt = j.attempt - 1,
     run_after = now() + make_interval(secs => h.delay), lease_owner = NULL, lease_expires_at = NULL
 {_HELD}, delay float8)
 WHERE j.id = h.id AND j.state = 'running'
@@ -208,11 +374,25 @@ RETURNING j.id
 
 RELEASE = f"""
 UPDATE conveyor_job AS j
-SET state = 'available', attempt = j.attempt - 1, lease_owner = NULL, lease_expires_at = NULL
+SET state = {_HAND_BACK}, finished_at = {_HANDED_BACK_AT}, attempt = j.attempt - 1,
+    lease_owner = NULL, lease_expires_at = NULL
 {_HELD})
 WHERE j.id = h.id AND j.state = 'running'
   AND j.lease_owner = %(owner)s AND j.lease_version = h.version
 RETURNING j.id
+"""
+
+# The bound on a guarded transaction (context.atomic()), set before its lock.
+# A worker frozen (SIGSTOP) or hung inside it would otherwise keep the job's
+# row lock, which REAP skips, for ever. PostgreSQL cancels a statement that
+# runs longer than statement_timeout (the transaction aborts and its locks
+# go at once) and terminates a session idle in its transaction for longer
+# than idle_in_transaction_session_timeout (rolled back, locks released, the
+# zombie's next statement and its commit fail). is_local: both settings end
+# with the transaction, as SET LOCAL, so they also hold behind a pooler.
+BOUND_TRANSACTION = """
+SELECT set_config('statement_timeout', %(ms)s, true),
+       set_config('idle_in_transaction_session_timeout', %(ms)s, true)
 """
 
 # A cancel request refuses the lock: no effect commits after an operator's cancel.
@@ -257,14 +437,22 @@ WHERE j.id = expired.id
 RETURNING j.id, j.state, j.task_path, j.queue, j.attempt, expired.lease_owner, j.lease_version
 """
 
+# A job with dependencies comes back `blocked` and REBLOCK_DEPENDENTS counts
+# them. One whose dependency (policy 'cancel') is itself failed, dead or
+# cancelled is refused: requeue that dependency, and this job follows.
 REQUEUE = f"""
-UPDATE conveyor_job
-SET state = 'available', attempt = 0, run_after = now(), finished_at = NULL,
+UPDATE conveyor_job AS j
+SET state = CASE WHEN EXISTS (SELECT 1 FROM conveyor_dependency AS d WHERE d.job_id = j.id)
+                 THEN 'blocked' ELSE 'available' END,
+    attempt = 0, run_after = now(), finished_at = NULL,
     lease_expires_at = NULL, return_value = NULL,
     cancel_requested_at = NULL, cancel_requested_by = NULL,
-    history = history || {_history("requeue", "'was ' || state")}
-WHERE id = ANY(%(ids)s) AND state IN ('failed', 'dead', 'cancelled')
-RETURNING id, queue
+    history = j.history || {_history("requeue", "'was ' || j.state")}
+WHERE j.id = ANY(%(ids)s) AND j.state IN ('failed', 'dead', 'cancelled')
+  AND NOT (j.dependency_policy = 'cancel' AND EXISTS (
+      SELECT 1 FROM conveyor_dependency AS d JOIN conveyor_job AS p ON p.id = d.depends_on_id
+      WHERE d.job_id = j.id AND p.state IN ('failed', 'dead', 'cancelled')))
+RETURNING j.id, j.queue
 """
 
 CANCEL = f"""
@@ -324,8 +512,12 @@ WITH doomed AS (
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 ), ledger AS (
-    -- The foreign key cascades in Django, not in the database: delete here.
+    -- The foreign keys cascade in Django, not in the database: delete here.
     DELETE FROM conveyor_ledger AS l USING doomed WHERE l.job_id = doomed.id
+), edges_in AS (
+    DELETE FROM conveyor_dependency AS d USING doomed WHERE d.job_id = doomed.id
+), edges_out AS (
+    DELETE FROM conveyor_dependency AS d USING doomed WHERE d.depends_on_id = doomed.id
 )
 DELETE FROM conveyor_job AS j USING doomed WHERE j.id = doomed.id
 """
@@ -392,6 +584,8 @@ class NewJob:
     max_attempts: int
     run_after: datetime | None = None
     idempotency_key: str | None = None
+    depends_on: tuple[int, ...] = ()  # Job ids in the same database, already enqueued.
+    dependency_policy: str = "cancel"  # Or "run": run once every dependency is final.
 
 
 @dataclass(frozen=True, slots=True)
@@ -400,6 +594,7 @@ class Enqueued:
     enqueued_at: datetime
     run_after: datetime
     created: bool  # False when the idempotency key already named a job.
+    state: str = JobState.AVAILABLE  # blocked when it waits for dependencies.
 
 
 @dataclass(frozen=True, slots=True)
@@ -452,7 +647,16 @@ def enqueue(cursor: Cursor, jobs: Sequence[NewJob], *, notify: bool) -> list[Enq
     existing job has another task, other arguments or another queue,
     `IdempotencyKeyReused` is raised. Nothing was written for that job, and
     no statement failed, so the caller's transaction stays usable.
+
+    Dependencies are read and share-locked first (LOCK_DEPENDENCIES); a job
+    with unsatisfied ones is inserted `blocked` with their count, and its
+    edges are written in the same transaction. Refused before anything is
+    written: an id that names no job (`DependencyNotFound`), a dependency
+    already failed, dead or cancelled under policy `cancel`
+    (`DependencyAlreadyFailed`), more than MAX_DEPENDENCIES
+    (`TooManyDependencies`).
     """
+    pending = pending_dependencies(cursor, jobs)
     rows = [
         {
             "task_path": j.task_path,
@@ -465,13 +669,15 @@ def enqueue(cursor: Cursor, jobs: Sequence[NewJob], *, notify: bool) -> list[Enq
             "run_after": j.run_after.isoformat() if j.run_after else None,
             "idempotency_key": j.idempotency_key,
             "ord": i,
+            "pending": pending[i],
+            "policy": j.dependency_policy,
         }
         for i, j in enumerate(jobs)
     ]
     cursor.execute(ENQUEUE, {"rows": _json(rows), "notify": notify, "channel": NOTIFY_CHANNEL})
     inserted = cursor.fetchall()
-    by_key = {key: (id_, at, after) for id_, key, at, after, _ in inserted if key is not None}
-    unkeyed = iter([(id_, at, after) for id_, key, at, after, _ in inserted if key is None])
+    by_key = {row[1]: (row[0], *row[2:5]) for row in inserted if row[1] is not None}
+    unkeyed = iter([(row[0], *row[2:5]) for row in inserted if row[1] is None])
     missing = [
         j.idempotency_key for j in jobs if j.idempotency_key and j.idempotency_key not in by_key
     ]
@@ -484,26 +690,79 @@ def enqueue(cursor: Cursor, jobs: Sequence[NewJob], *, notify: bool) -> list[Enq
     for job in jobs:
         key = job.idempotency_key
         if key is None:
-            id_, at, after = next(unkeyed)
-            results.append(Enqueued(id_, at, after, created=True))
+            id_, at, after, state = next(unkeyed)
+            results.append(Enqueued(id_, at, after, created=True, state=state))
         elif key in by_key and key not in seen:
             seen[key] = job
-            results.append(Enqueued(*by_key[key], created=True))
+            id_, at, after, state = by_key[key]
+            results.append(Enqueued(id_, at, after, created=True, state=state))
         else:
             if key in seen:
                 first = seen[key]
                 _check_same_operation(key, by_key[key][0], job, first.task_path, first.args,
                                       first.kwargs, first.queue)  # fmt: skip
-                id_, at, after = by_key[key]
+                id_, at, after, _ = by_key[key]
             else:
                 id_, _, at, after, task_path, args, kwargs, queue = existing[key]
-                args, kwargs = loaded(args), loaded(kwargs)
+                args, kwargs = _loaded(args), _loaded(kwargs)
                 _check_same_operation(key, id_, job, task_path, args, kwargs, queue)
             results.append(Enqueued(id_, at, after, created=False))
+    _add_edges(cursor, jobs, results)
     return results
 
 
-def loaded(value: Any) -> Any:
+def lock_dependencies(cursor: Cursor, ids: Iterable[int]) -> dict[int, str]:
+    """Share-lock these jobs until commit and return their states (part of ENQUEUE)."""
+    ids = sorted(set(ids))
+    if not ids:
+        return {}
+    cursor.execute(LOCK_DEPENDENCIES, {"ids": ids})
+    return dict(cursor.fetchall())
+
+
+def pending_dependencies(cursor: Cursor, jobs: Sequence[NewJob]) -> list[int]:
+    """Each job's count of unsatisfied dependencies; raises before any write."""
+    for job in jobs:
+        if len(set(job.depends_on)) > MAX_DEPENDENCIES:
+            raise TooManyDependencies(
+                f"A {job.task_path} job names {len(set(job.depends_on))} dependencies; "
+                f"the limit is {MAX_DEPENDENCIES}. Fan in through intermediate steps."
+            )
+    states = lock_dependencies(cursor, (i for job in jobs for i in job.depends_on))
+    pending = []
+    for job in jobs:
+        count = 0
+        for dep in set(job.depends_on):
+            state = states.get(dep)
+            if state is None:
+                raise DependencyNotFound(
+                    f"Dependency {dep} of a {job.task_path} job names no job in this database."
+                )
+            if state in UNSUCCESSFUL_STATES and job.dependency_policy == "cancel":
+                raise DependencyAlreadyFailed(
+                    f"Dependency {dep} of a {job.task_path} job is already {state}, so the job "
+                    "could never run; requeue the dependency first, or enqueue with "
+                    "dependency_policy='run'."
+                )
+            if state != "completed" and state not in UNSUCCESSFUL_STATES:
+                count += 1
+        pending.append(count)
+    return pending
+
+
+def _add_edges(cursor: Cursor, jobs: Sequence[NewJob], results: Sequence[Enqueued]) -> None:
+    job_ids: list[int] = []
+    depends_on_ids: list[int] = []
+    for job, row in zip(jobs, results, strict=True):
+        if row.created:
+            for dep in sorted(set(job.depends_on)):
+                job_ids.append(row.id)
+                depends_on_ids.append(dep)
+    if job_ids:
+        cursor.execute(ENQUEUE_DEPENDENCIES, {"job_ids": job_ids, "depends_on_ids": depends_on_ids})
+
+
+def _loaded(value: Any) -> Any:
     """jsonb as Python: Django's cursors hand it over as text, psycopg's decoded."""
     return json.loads(value) if isinstance(value, str) else value
 
@@ -563,10 +822,77 @@ def heartbeat(
     return Renewed(cursor.fetchall())
 
 
-def complete(cursor: Cursor, *, owner: str, done: Iterable[tuple[int, int, Any]]) -> set[int]:
-    """Mark jobs completed with their return values; returns the ids written."""
+def complete(
+    cursor: Cursor, *, owner: str, done: Iterable[tuple[int, int, Any]], notify: bool = True
+) -> set[int]:
+    """Mark jobs completed with their return values; returns the ids written.
+
+    Their dependents are unblocked in the same transaction (UNBLOCK), only
+    for the ids written: a refused completion unblocks nothing.
+    """
     held = [{"id": i, "version": v, "return_value": r} for i, v, r in done]
-    return _guarded(cursor, COMPLETE, owner, held)
+    written = _guarded(cursor, COMPLETE, owner, held)
+    unblock(cursor, ids=written, notify=notify)
+    return written
+
+
+def unblock(cursor: Cursor, *, ids: Iterable[int], notify: bool = True) -> list[int]:
+    """Count these completed jobs off their blocked dependents; returns those now available.
+
+    Guard: the dependent is blocked (under its row lock). Call it only in the
+    transaction of the fenced COMPLETE, with the ids that COMPLETE wrote.
+    Zero rows: nothing waited for these jobs.
+    """
+    ids = sorted(ids)
+    if not ids:
+        return []
+    cursor.execute(UNBLOCK, {"ids": ids, "notify": notify, "channel": NOTIFY_CHANNEL})
+    return [id_ for id_, state, _ in cursor.fetchall() if state == "available"]
+
+
+def cancel_dependents(cursor: Cursor, *, ids: Iterable[int], notify: bool = True) -> list[int]:
+    """These jobs ended failed, dead or cancelled: settle their blocked dependents.
+
+    Policy 'cancel': `cancelled`, with an error naming the dependency, and so
+    on down the graph (one statement per level). Policy 'run': decremented,
+    `available` at 0. Guard: the dependent is blocked. Returns the ids
+    cancelled; zero rows means nothing waited for these jobs.
+    """
+    cancelled: list[int] = []
+    frontier = sorted(ids)
+    while frontier:
+        cursor.execute(
+            CANCEL_DEPENDENTS, {"ids": frontier, "notify": notify, "channel": NOTIFY_CHANNEL}
+        )
+        frontier = sorted(id_ for id_, state, _ in cursor.fetchall() if state == "cancelled")
+        cancelled += frontier
+    return cancelled
+
+
+def reblock_dependents(
+    cursor: Cursor, *, ids: Iterable[int], notify: bool = True, actor: str = DEFAULT_ACTOR
+) -> list[int]:
+    """These jobs were requeued: count their dependencies, and bring back their dependents.
+
+    A requeued job that came back `blocked` gets its counter; a dependent
+    that a dependency's failure cancelled returns to `blocked` (or
+    `available`) with its counter recomputed, unless another dependency is
+    still failed, dead or cancelled; and so on down the graph. A dependent
+    with policy 'run' that has not started is recounted, and waits again
+    (its dependency is unfinished again). Returns the dependents brought back.
+    """
+    frontier = sorted(ids)
+    requeued = set(frontier)
+    back: list[int] = []
+    while frontier:
+        cursor.execute(
+            REBLOCK_DEPENDENTS,
+            {"ids": frontier, "notify": notify, "channel": NOTIFY_CHANNEL, "actor": actor},
+        )
+        frontier = sorted(id_ for id_, _, _ in cursor.fetchall() if id_ not in requeued)
+        requeued |= set(frontier)
+        back += frontier
+    return back
 
 
 def record_result(cursor: Cursor, *, owner: str, done: Iterable[tuple[int, int, Any]]) -> set[int]:
@@ -583,7 +909,9 @@ def retry(
     if not held:
         return {}
     cursor.execute(RETRY, {"held": _json(held), "owner": owner})
-    return {id_: state for id_, state in cursor.fetchall()}
+    states = {id_: state for id_, state in cursor.fetchall()}
+    cancel_dependents(cursor, ids=[i for i, state in states.items() if state == "dead"])
+    return states
 
 
 def fail(
@@ -591,7 +919,9 @@ def fail(
 ) -> set[int]:
     """Move jobs to `failed` at once (the handler said never retry)."""
     held = [{"id": i, "version": v, "error": e} for i, v, e in failures]
-    return _guarded(cursor, FAIL, owner, held)
+    failed = _guarded(cursor, FAIL, owner, held)
+    cancel_dependents(cursor, ids=failed)
+    return failed
 
 
 def snooze(cursor: Cursor, *, owner: str, snoozed: Iterable[tuple[int, int, float]]) -> set[int]:
@@ -604,6 +934,11 @@ def release(cursor: Cursor, *, owner: str, held: Iterable[tuple[int, int]]) -> s
     """Hand leases back at once (graceful shutdown); the attempt is not counted."""
     rows = [{"id": i, "version": v} for i, v in held]
     return _guarded(cursor, RELEASE, owner, rows)
+
+
+def bound_transaction(cursor: Cursor, *, seconds: float) -> None:
+    """End this transaction if a statement runs, or it idles, for longer than `seconds`."""
+    cursor.execute(BOUND_TRANSACTION, {"ms": str(max(1, round(seconds * 1000)))})
 
 
 def lock_for_effect(cursor: Cursor, *, job_id: int, owner: str, version: int) -> bool:
@@ -619,7 +954,9 @@ def reap(cursor: Cursor, *, limit: int = 500) -> list[Reaped]:
     """Take back expired leases: to `available`, `dead` when attempts are used up,
     or `cancelled` when an operator asked to cancel the job."""
     cursor.execute(REAP, {"limit": limit})
-    return [Reaped(*row) for row in cursor.fetchall()]
+    reaped = [Reaped(*row) for row in cursor.fetchall()]
+    cancel_dependents(cursor, ids=[r.id for r in reaped if r.state in UNSUCCESSFUL_STATES])
+    return reaped
 
 
 def requeue(
@@ -627,11 +964,15 @@ def requeue(
 ) -> list[int]:
     """Give failed, dead or cancelled jobs a fresh set of attempts.
 
-    Guard: state failed, dead or cancelled; other ids are left alone and
+    Guard: state failed, dead or cancelled, and no dependency (policy
+    'cancel') failed, dead or cancelled; other ids are left alone and
     missing from the result. Clears a cancel request; notes it in history.
+    A job with dependencies comes back `blocked` until they complete, and
+    the dependents its failure cancelled come back too (REBLOCK_DEPENDENTS).
     """
     cursor.execute(REQUEUE, {"ids": list(ids), "actor": actor})
     rows = cursor.fetchall()
+    reblock_dependents(cursor, ids=[id_ for id_, _ in rows], notify=notify, actor=actor)
     if notify:
         for queue in sorted({queue for _, queue in rows}):
             cursor.execute(NOTIFY, {"channel": NOTIFY_CHANNEL, "queue": queue})
@@ -644,7 +985,9 @@ def cancel(cursor: Cursor, *, ids: Sequence[int], actor: str = DEFAULT_ACTOR) ->
     Guard: state blocked or available; others are missing from the result.
     """
     cursor.execute(CANCEL, {"ids": list(ids), "actor": actor})
-    return [row[0] for row in cursor.fetchall()]
+    cancelled = [row[0] for row in cursor.fetchall()]
+    cancel_dependents(cursor, ids=cancelled)
+    return cancelled
 
 
 def request_cancel(cursor: Cursor, *, ids: Sequence[int], actor: str = DEFAULT_ACTOR) -> list[int]:
@@ -669,7 +1012,9 @@ def cancel_held(
     if not rows:
         return set()
     cursor.execute(CANCEL_HELD, {"held": _json(rows), "owner": owner, "actor": actor})
-    return {row[0] for row in cursor.fetchall()}
+    cancelled = {row[0] for row in cursor.fetchall()}
+    cancel_dependents(cursor, ids=cancelled)
+    return cancelled
 
 
 def prune(cursor: Cursor, *, older_than_seconds: float, queues: Sequence[str], limit: int) -> int:
@@ -755,9 +1100,13 @@ ACTIONS = {
     "REAP": reap,
     "REQUEUE": requeue,
     "CANCEL": cancel,
+    "PRUNE": prune,
     "REQUEST_CANCEL": request_cancel,
     "CANCEL_HELD": cancel_held,
     "CRON_ENQUEUE": cron_enqueue,
+    "UNBLOCK": unblock,
+    "CANCEL_DEPENDENTS": cancel_dependents,
+    "REBLOCK_DEPENDENTS": reblock_dependents,
 }
 
 __all__ = ["ACTIONS", "JobState", "Lease", "NewJob", "Reaped", "Renewed"]

@@ -344,8 +344,8 @@ def tick_job(row: Any) -> protocol.NewJob:
     task = task_or_none(row.task_path)
     return protocol.NewJob(
         task_path=row.task_path,
-        args=protocol.loaded(row.args),
-        kwargs=protocol.loaded(row.kwargs),
+        args=protocol._loaded(row.args),
+        kwargs=protocol._loaded(row.kwargs),
         queue=row.queue,
         backend=task.backend if task else "default",
         priority=row.priority,

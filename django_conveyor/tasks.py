@@ -26,8 +26,17 @@ from .exceptions import UnknownTask
 
 if TYPE_CHECKING:
     from .results import ConveyorTaskResult
+    from .workflows import Step
 
-OPTION_NAMES = ("max_attempts", "timeout", "backoff_base", "backoff_cap", "idempotency_key")
+OPTION_NAMES = (
+    "max_attempts",
+    "timeout",
+    "backoff_base",
+    "backoff_cap",
+    "idempotency_key",
+    "dependency_policy",
+)
+DEPENDENCY_POLICIES = ("cancel", "run")
 # Read by the worker from the task itself, so a per-call value could not reach it.
 PER_TASK_OPTIONS = ("timeout", "backoff_base", "backoff_cap")
 TASK_MODULE_NAME = "tasks"  # Imported in every installed app to list its tasks.
@@ -42,13 +51,22 @@ class ConveyorTask(Task):
     backoff_base: float | None = None  # Seconds; ceiling of the first retry's delay.
     backoff_cap: float | None = None  # Seconds; no retry waits longer.
     idempotency_key: str | None = None  # Set per call with .using(); one job per key.
+    depends_on: tuple[str, ...] = ()  # Result ids this call waits for; per call, .using().
+    dependency_policy: str = "cancel"  # "run": run once every dependency is final.
 
     def __post_init__(self) -> None:
         Task.__post_init__(self)  # No bare super(): slotted dataclasses lose its cell.
         _known_task_paths.add(self.module_path)
 
-    def using(self, *, idempotency_key: str | None = None, **changes: Any) -> ConveyorTask:
-        """Like Task.using(), plus `max_attempts` and `idempotency_key` per call."""
+    def using(
+        self,
+        *,
+        idempotency_key: str | None = None,
+        depends_on: Iterable[Any] | None = None,
+        **changes: Any,
+    ) -> ConveyorTask:
+        """Like Task.using(), plus `max_attempts`, `idempotency_key`, `depends_on`
+        (results or result ids of jobs already enqueued) and `dependency_policy`."""
         per_task = sorted(set(changes) & set(PER_TASK_OPTIONS))
         if per_task:
             raise TypeError(
@@ -58,15 +76,36 @@ class ConveyorTask(Task):
         extra = {name: changes.pop(name) for name in OPTION_NAMES if name in changes}
         if idempotency_key is not None:
             extra["idempotency_key"] = idempotency_key
+        if depends_on is not None:
+            extra["depends_on"] = dependency_ids(depends_on)
         task = Task.using(self, **changes) if changes else self
         extra = {k: v for k, v in extra.items() if v is not None}
         return replace(task, **extra) if extra else task
+
+    def step(self, *args: Any, **kwargs: Any) -> Step:
+        """This task with these arguments, for a workflow (`workflows.chain`, `group`, ...)."""
+        from .workflows import Step
+
+        return Step(self, args, kwargs)
 
     def enqueue_many(
         self, calls: Iterable[tuple[Sequence[Any], dict[str, Any]]]
     ) -> list[ConveyorTaskResult]:
         """Enqueue many calls of this task in one statement (and one NOTIFY)."""
         return self.get_backend().enqueue_many(self, calls)
+
+
+def dependency_ids(depends_on: Iterable[Any]) -> tuple[str, ...]:
+    """Result ids from results (anything with an `id`), result ids or job ids."""
+    if isinstance(depends_on, str | bytes) or hasattr(depends_on, "id"):
+        raise TypeError("depends_on takes a list of results or result ids.")
+    ids = []
+    for dep in depends_on:
+        value = getattr(dep, "id", dep)
+        if isinstance(value, bool) or not isinstance(value, int | str):
+            raise TypeError(f"depends_on takes results or result ids, not {dep!r:.80}.")
+        ids.append(str(value))
+    return tuple(dict.fromkeys(ids))
 
 
 def known_task_paths() -> list[str]:

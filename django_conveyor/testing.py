@@ -229,9 +229,9 @@ def _claim(database: str, owner: str, queues: Sequence[str] | None) -> list[prot
     return [
         replace(
             lease,
-            args=protocol.loaded(lease.args),
-            kwargs=protocol.loaded(lease.kwargs),
-            errors=protocol.loaded(lease.errors),
+            args=protocol._loaded(lease.args),
+            kwargs=protocol._loaded(lease.kwargs),
+            errors=protocol._loaded(lease.errors),
         )
         for lease in leases
     ]

@@ -146,7 +146,13 @@ class Worker:
         self.worker_id = config.worker_id
         self.stats = Stats()
         self.instrument = options.instrument  # None: no event is even called.
-        self.leases = Leases(config.worker_id, config.database, self.stats, self.instrument)
+        self.leases = Leases(
+            config.worker_id,
+            config.database,
+            self.stats,
+            self.instrument,
+            lease_seconds=config.lease_seconds,
+        )
         self.slots = SlotPool(config.concurrency, self.on_outcome)
         self.reporter = Reporter()  # task_finished, once an outcome committed.
         self.claimer = Claimer(

@@ -175,3 +175,35 @@ def test_cancel_a_running_job_of_a_real_worker_and_watch_it_end_cancelled(
         assert stop_process(proc) == 0
     finally:
         kill_group(proc)
+
+
+def test_a_workflow_on_the_job_page_and_as_a_graph(page, live_server):
+    from django_conveyor import operations
+    from django_conveyor.workflows import chain, group
+    from tests.testapp import tasks
+
+    result = chain(
+        tasks.wf_step.step("charge"),
+        group(tasks.wf_step.step("receipt"), tasks.wf_step.step("stock")),
+        tasks.wf_step.step("fulfilled"),
+    ).enqueue()
+    charge, receipt, stock, fulfilled = result
+    operations.cancel([int(stock.id)])
+    page.goto(live_server.url + reverse("admin:conveyor_job_change", args=[int(receipt.id)]))
+    row = page.locator(f"#conveyor-dependencies tr[data-job='{charge.id}']")
+    assert "available" in row.inner_text()
+    assert page.locator(f"#conveyor-dependents tr[data-job='{fulfilled.id}']").inner_text()
+    page.click("#conveyor-workflow-graph")
+    page.wait_for_selector("svg.conveyor-workflow")
+    nodes = page.locator("svg.conveyor-workflow g.conveyor-node")
+    assert nodes.count() == 4
+    assert page.locator("svg.conveyor-workflow path.conveyor-edge").count() == 4
+    node = page.locator(f"g.conveyor-node[data-job='{fulfilled.id}']")
+    assert node.get_attribute("data-state") == "cancelled"  # its dependency was cancelled
+    box = page.locator(f"g.conveyor-node[data-job='{stock.id}']").bounding_box()
+    first = page.locator(f"g.conveyor-node[data-job='{charge.id}']").bounding_box()
+    last = node.bounding_box()
+    assert first["x"] < box["x"] < last["x"]  # drawn left to right, in dependency order
+    shot(page, "workflow-graph")
+    page.click(f"g.conveyor-node[data-job='{charge.id}']")
+    page.wait_for_url(live_server.url + reverse("admin:conveyor_job_change", args=[int(charge.id)]))

@@ -58,12 +58,6 @@ def test_the_psycopg_floor_is_the_one_the_listener_needs():
     assert "psycopg 3.2 or newer" in text(REPO / "README.md")
 
 
-def test_spec_check_runs_spin_only_as_the_readme_says():
-    check = (REPO / "spec" / "check").read_text()
-    assert "spin" in check and "tlc" not in check.lower()
-    assert "`spec/check` runs SPIN on the Promela model" in text(REPO / "README.md")
-
-
 @pytest.mark.django_db(databases=["default", "shard"])
 def test_context_idempotency_key_names_the_database_of_a_sharded_job():
     main = tasks.report_keys.enqueue()

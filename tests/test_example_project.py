@@ -36,6 +36,7 @@ def test_demo_reaches_the_expected_states(demo_database):
     assert (
         "3 orders: 3 receipts sent, 3 payments, 3 ledger entries, 3 gateway charges" in proc.stdout
     )
+    assert "3 orders fulfilled, each after its charge, receipt and stock update" in proc.stdout
     assert "worker exited with 0" in proc.stdout
     # The demo API key is made once and printed with a curl line that uses it.
     assert "Created the API key 'demo'" in proc.stdout

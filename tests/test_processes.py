@@ -1,5 +1,6 @@
 """Real worker processes: draining, kill -9, SIGSTOP zombies, shutdown, supervision."""
 
+import datetime as dt
 import os
 import signal
 import subprocess
@@ -82,6 +83,55 @@ def test_sigstop_zombie_cannot_complete_or_apply_its_effect(procs, tmp_path):
     assert LedgerEntry.objects.filter(job_id=after.id).count() == 1
     log = (tmp_path / "zombie.log").read_text()
     assert "'stale_outcomes': 1" in log or "'leases_lost': 1" in log, log[-2000:]
+
+
+def test_worker_frozen_inside_atomic_loses_the_job_within_lease_and_bound(procs, tmp_path):
+    """SIGSTOP inside context.atomic(), holding the row lock REAP skips, never continued.
+
+    The guarded transaction is bounded by the lease (1 s here): PostgreSQL ends
+    it, the job is reaped and completed by another worker, and the frozen
+    worker's effect never commits, even after SIGCONT.
+    """
+    lease, reap = 1.0, 0.5  # --lease, and REAP_SECONDS of tests/settings.py
+    # A reaper that serves another queue: REAP takes expired leases of every queue.
+    worker(procs, tmp_path, "reaper", "--queues", "emails")
+    marker = tmp_path / "inside"
+    result = tasks.dwell_in_atomic.enqueue("f", str(marker), 6.0)
+    zombie = worker(procs, tmp_path, "zombie", "--lease", str(lease))
+    wait_until(marker.exists, timeout=30)
+    os.kill(zombie.pid, signal.SIGSTOP)
+    frozen = Job.objects.get(pk=result.id)
+    assert (frozen.state, frozen.attempt) == ("running", 1)
+    reaped = wait_until(
+        lambda: (job := Job.objects.get(pk=result.id)).state != "running" and job, timeout=30
+    )
+    # Reaped one lease and one bound after the freeze at most (plus the reaper's
+    # interval and scheduling slack), not when the frozen worker comes back.
+    [lost] = reaped.errors
+    assert lost["exception_class_path"] == "django_conveyor.exceptions.LeaseLost"
+    taken = dt.datetime.fromisoformat(lost["time"]) - dt.datetime.fromtimestamp(
+        marker.stat().st_mtime, dt.UTC
+    )
+    assert taken.total_seconds() < lease + lease + reap + 5.0
+    rescuer = worker(procs, tmp_path, "rescuer", "--lease", "10")
+    wait_until(lambda: Job.objects.get(pk=result.id).return_value is not None, timeout=30)
+    done = Job.objects.get(pk=result.id)
+    assert (done.state, done.attempt) == ("completed", 2)
+    assert done.lease_owner != frozen.lease_owner
+    os.kill(zombie.pid, signal.SIGCONT)
+    log = tmp_path / "zombie.log"
+    # Its handler wakes inside the ended transaction (PostgreSQL closed the
+    # session: IdleInTransactionSessionTimeout), its commit fails, and its
+    # outcome is refused by the fence.
+    wait_until(lambda: "stale outcome" in log.read_text(), timeout=30)
+    assert stop_process(zombie) == 0
+    assert stop_process(rescuer) == 0
+    after = Job.objects.get(pk=result.id)
+    assert (after.state, after.lease_version) == ("completed", done.lease_version)
+    assert list(Effect.objects.filter(job_id=after.id).values_list("token", flat=True)) == [2]
+    assert list(
+        LedgerEntry.objects.filter(job_id=after.id).values_list("lease_version", flat=True)
+    ) == [2]
 
 
 def test_graceful_shutdown_hands_back_leases_at_once(procs, tmp_path):

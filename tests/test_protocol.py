@@ -4,16 +4,20 @@ These run the SQL of `protocol.py` directly against the real database; the
 names follow the spec's actions.
 """
 
+import contextlib
 import datetime as dt
 
+import psycopg
 import pytest
 from django.db import connection, transaction
 from django.utils import timezone
 
 from django_conveyor import protocol
+from django_conveyor.dbconn import connect
 from django_conveyor.models import Job
 from django_conveyor.operations import pause
 from tests.factories import JobFactory
+from tests.helpers import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -54,7 +58,6 @@ class TestClaim:
 
     def test_skips_rows_locked_by_another_claimer(self, cur):
         JobFactory.create_batch(2)
-        from django_conveyor.dbconn import connect
 
         with connect("default") as other, other.transaction():
             other.execute("SELECT id FROM conveyor_job ORDER BY id LIMIT 1 FOR UPDATE")
@@ -187,7 +190,6 @@ class TestLockForEffect(GuardedOutcome):
 
     def test_locks_the_row_so_the_reaper_skips_it(self, cur):
         job = JobFactory(expired=True)
-        from django_conveyor.dbconn import connect
 
         with transaction.atomic():
             assert self.write(cur, job.id, 1)
@@ -195,6 +197,44 @@ class TestLockForEffect(GuardedOutcome):
                 assert protocol.reap(other.cursor()) == []  # locked: skipped
         with connect("default") as other:
             assert [r.id for r in protocol.reap(other.cursor())] == [job.id]
+
+
+class TestBoundTransaction:
+    """A guarded transaction whose session goes quiet ends, and its row lock with it."""
+
+    @contextlib.contextmanager
+    def locked_in_a_bounded_transaction(self, seconds=0.3):
+        """(guarded cursor, reaper cursor, job) with the job's row locked by the first."""
+        job = JobFactory(expired=True)
+        with connect("default") as guarded, connect("default") as reaper:
+            guarded.autocommit = False
+            cur = guarded.cursor()
+            protocol.bound_transaction(cur, seconds=seconds)
+            assert protocol.lock_for_effect(cur, job_id=job.id, owner=OWNER, version=1)
+            assert protocol.reap(reaper.cursor()) == []  # locked: skipped
+            yield cur, reaper.cursor(), job
+
+    def test_an_idle_guarded_transaction_is_ended_and_the_job_reaped(self):
+        with self.locked_in_a_bounded_transaction() as (cur, reaper, job):
+            # Once the session has been idle for the bound, PostgreSQL ends it.
+            wait_until(lambda: [r.id for r in protocol.reap(reaper)] == [job.id])
+            with pytest.raises(psycopg.Error):
+                cur.execute("SELECT 1")
+                cur.connection.commit()
+        assert row(job).state == "available"
+
+    def test_a_long_statement_is_cancelled_and_the_lock_released(self):
+        with self.locked_in_a_bounded_transaction() as (cur, reaper, job):
+            with pytest.raises(psycopg.errors.QueryCanceled):
+                cur.execute("SELECT pg_sleep(30)")
+            assert [r.id for r in protocol.reap(reaper)] == [job.id]
+
+    def test_the_bound_ends_with_the_transaction(self):
+        with connect("default") as conn:
+            with conn.transaction():
+                protocol.bound_transaction(conn.cursor(), seconds=0.3)
+            assert conn.execute("SHOW idle_in_transaction_session_timeout").fetchone() == ("0",)
+            assert conn.execute("SHOW statement_timeout").fetchone() == ("0",)
 
 
 class TestReap:
@@ -351,6 +391,23 @@ class TestRequestCancel:
         error = after.errors[-1]
         assert error["exception_class_path"] == "django_conveyor.exceptions.Cancelled"
         assert "cancel request by admin:ops" in error["traceback"]
+
+    @pytest.mark.parametrize("hand_back", ["retry", "snooze", "release"])
+    def test_a_job_handed_back_after_a_request_ends_cancelled(self, cur, hand_back):
+        """The handler ended before its worker was told: the job must not run again."""
+        job = JobFactory(running=True, max_attempts=5)
+        protocol.request_cancel(cur, ids=[job.id], actor="admin:ops")
+        if hand_back == "retry":
+            written = protocol.retry(cur, owner=OWNER, failures=[(job.id, 1, 0.0, {})])
+            assert written == {job.id: "cancelled"}
+        elif hand_back == "snooze":
+            assert protocol.snooze(cur, owner=OWNER, snoozed=[(job.id, 1, 0.0)]) == {job.id}
+        else:
+            assert protocol.release(cur, owner=OWNER, held=[(job.id, 1)]) == {job.id}
+        after = row(job)
+        assert (after.state, after.lease_owner) == ("cancelled", None)
+        assert after.finished_at is not None
+        assert claim(cur) == []
 
     def test_requeue_clears_the_request(self, cur):
         job = JobFactory(running=True)

@@ -15,7 +15,8 @@ from django.contrib.admin.utils import quote
 from django.contrib.admin.views.main import ChangeList
 from django.db.models import Q, QuerySet
 from django.db.models.expressions import RawSQL
-from django.http import HttpRequest
+from django.http import Http404, HttpRequest
+from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html
 from django.utils.safestring import mark_safe
@@ -24,7 +25,7 @@ from .. import operations
 from ..models import DeadLetter, Job, LedgerEntry, Worker
 from ..states import CANCELLABLE_STATES, REQUEUEABLE_STATES, JobState
 from ..tasks import known_task_paths
-from . import jobpage
+from . import jobpage, workflow
 from .actions import cancel_jobs, job_page_action, requeue_jobs
 from .base import EstimatedCountPaginator, ReadOnlyAdmin, can_view_payloads, conveyor_database
 
@@ -167,6 +168,11 @@ class JobAdmin(ReadOnlyAdmin):
                 self.admin_site.admin_view(self.cancel_view),
                 name=f"{info}_cancel",
             ),
+            path(
+                "<path:object_id>/workflow/",
+                self.admin_site.admin_view(self.workflow_view),
+                name=f"{info}_workflow",
+            ),
         ]
         return own + super().get_urls()
 
@@ -175,6 +181,25 @@ class JobAdmin(ReadOnlyAdmin):
 
     def cancel_view(self, request: HttpRequest, object_id: str) -> Any:
         return job_page_action(self, request, object_id, "cancel")
+
+    def workflow_view(self, request: HttpRequest, object_id: str) -> Any:
+        """The graph of the workflow a job belongs to, drawn on the server."""
+        job = self.get_object(request, object_id)
+        if job is None or not self.has_view_permission(request, job):
+            raise Http404(f"No job has the id {object_id!r}.")
+        graph = workflow.workflow_graph(job.pk, conveyor_database())
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "original": job,
+            "title": f"Workflow of job {job.pk}",
+            "graph_svg": workflow.svg(graph, job.pk),
+            "graph": graph,
+            "nodes": workflow.listed(graph),
+            "node_limit": workflow.NODE_LIMIT,
+            "states": list(workflow.STATE_COLOURS.items()),
+        }
+        return TemplateResponse(request, "admin/conveyor/job/workflow.html", context)
 
     # -- the job page ---------------------------------------------------------
 
@@ -232,6 +257,8 @@ class JobAdmin(ReadOnlyAdmin):
                 can_cancel=job.state in CANCELLABLE_STATES
                 or (job.state == JobState.RUNNING and job.cancel_requested_at is None),
                 requeue_url=reverse("admin:conveyor_job_requeue", args=[job.pk]),
+                workflow=workflow.neighbours(job, conveyor_database()),
+                workflow_url=reverse("admin:conveyor_job_workflow", args=[job.pk]),
                 cancel_url=reverse("admin:conveyor_job_cancel", args=[job.pk]),
             )
         return super().change_view(request, object_id, form_url, context)

@@ -287,6 +287,13 @@ def _operate(
     # The job's history records who asked: "api:<key name>" or "admin:<username>".
     changed = action([job.id], database=database, actor=request.auth.actor)
     job.refresh_from_db(using=database)
+    if not changed and job.state in allowed:  # REQUEUE's dependency guard refused it.
+        raise Problem(
+            409,
+            f"Job {job_id} depends on a job that is failed, dead or cancelled; requeue that "
+            "dependency, and this job follows.",
+            job_id=job_id,
+        )
     if not changed:
         raise _conflict(job_id, job, verb, allowed)
     logger.info("%s %s job %s", request.auth.actor, verb, job_id)

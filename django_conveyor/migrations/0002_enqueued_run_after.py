@@ -10,7 +10,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("conveyor", "0005_indexes"),
+        ("conveyor", "0006_workflows"),
     ]
 
     operations = [

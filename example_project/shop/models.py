@@ -10,9 +10,12 @@ class Order(models.Model):
     unit_price_cents = models.PositiveIntegerField()
     created_at = models.DateTimeField(auto_now_add=True)
     receipt_sent_at = models.DateTimeField(null=True, blank=True)
+    stock_updated_at = models.DateTimeField(null=True, blank=True)
+    fulfilled_at = models.DateTimeField(null=True, blank=True)  # The workflow's last step.
     # Ids of the jobs enqueued with the order, to show their status.
     receipt_job_id = models.CharField(max_length=32, blank=True)
     charge_job_id = models.CharField(max_length=32, blank=True)
+    fulfilled_job_id = models.CharField(max_length=32, blank=True)
 
     class Meta:
         ordering = ["-id"]

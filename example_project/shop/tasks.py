@@ -8,6 +8,10 @@ remote charge is made safe by the idempotency key the gateway honours, and
 the local record is made exactly-once by `context.atomic()`. `flaky_sync` always fails, so it
 ends `dead` and shows up in the admin's dead-letter view. `nightly_stock_report`
 is a periodic job: settings.CONVEYOR["CRON"] runs it every night.
+
+An order is a small workflow (shop/services.py): the charge, then the
+receipt and `update_stock` side by side, then `order_fulfilled`, which reads
+what its dependencies returned through `context.dependency_results`.
 """
 
 from __future__ import annotations
@@ -47,6 +51,24 @@ def send_receipt(order_id: int) -> str:
     )
     Order.objects.filter(pk=order.pk).update(receipt_sent_at=timezone.now())
     return f"sent to {order.email}"
+
+
+@task()
+def update_stock(order_id: int) -> dict[str, int | str]:
+    """Take the sold units off the shelf (here: stamp the order, once)."""
+    order = Order.objects.get(pk=order_id)
+    Order.objects.filter(pk=order.pk, stock_updated_at__isnull=True).update(
+        stock_updated_at=timezone.now()
+    )
+    return {"item": order.item, "units": order.quantity}
+
+
+@task(takes_context=True)
+def order_fulfilled(context, order_id: int) -> dict[str, object]:
+    """The fan-in: runs once the charge, the receipt and the stock update completed."""
+    done = {r.task.name: r.return_value for r in context.dependency_results.values()}
+    Order.objects.filter(pk=order_id, fulfilled_at__isnull=True).update(fulfilled_at=timezone.now())
+    return {"order": order_id, "after": sorted(done)}
 
 
 @task(queue_name="payments", takes_context=True, max_attempts=5, timeout=60)

@@ -27,7 +27,9 @@ class OrderForm(forms.Form):
 
 def order_rows() -> list[dict[str, Any]]:
     orders = list(Order.objects.select_related("payment")[:ORDERS_SHOWN])
-    job_ids = {int(i) for o in orders for i in (o.receipt_job_id, o.charge_job_id) if i}
+    job_ids = {
+        int(i) for o in orders for i in (o.receipt_job_id, o.charge_job_id, o.fulfilled_job_id) if i
+    }
     # conveyor_job is readable like any table (writes go through the worker).
     states = dict(Job.objects.filter(id__in=job_ids).values_list("id", "state"))
 
@@ -40,6 +42,7 @@ def order_rows() -> list[dict[str, Any]]:
             "payment": getattr(order, "payment", None),
             "receipt_state": state(order.receipt_job_id),
             "charge_state": state(order.charge_job_id),
+            "fulfilled_state": state(order.fulfilled_job_id),
         }
         for order in orders
     ]

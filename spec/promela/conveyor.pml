@@ -1,127 +1,255 @@
 /*
- * conveyor.pml -- the django-conveyor lease protocol for SPIN.
+ * conveyor.pml -- the django-conveyor protocol for SPIN.
  *
- * This is the same protocol as spec/tla/Conveyor.tla, action for action.
- * Every atomic block below is one SQL statement (one transaction) of
- * django_conveyor/protocol.py and carries that statement's name.
+ * The same protocol as spec/tla/Conveyor.tla, action for action: every
+ * atomic block below is one SQL statement (one transaction) of
+ * django_conveyor/protocol.py and carries that statement's name in its
+ * comment.  Handler steps (Effect, Start) and the environment (Tick,
+ * TxnTimeout, Crash, Freeze, Thaw, Clock) are named in CamelCase.
  *
- *   3 jobs, 2 workers, max_attempts = 2.  Worker 0 runs two handler slots
- *   (concurrency 2: it can hold a stale belief about a job in one slot while
- *   it claims the same job again in the other), worker 1 runs one.
+ * Workers: worker 0 runs two handler slots (0 and 1), worker 1 one (2), so a
+ * worker can hold a stale attempt in one slot while it claims the same job
+ * again in the other; then only lease_version tells them apart.
  *
- * Compile-time switches (all optional):
- *   -DBROKEN_FENCE      COMPLETE forgets to check lease_version (it checks
- *                       only id, state and lease_owner).  SPIN must then find
- *                       a stale write (property fenced_writes).
- *   -DBROKEN_CLAIM      CLAIM does not bump lease_version, so two claims share
- *                       a token.  SPIN must find it (property lease_exclusive).
- *   -DBROKEN_EFFECT     the handler's effect is committed apart from COMPLETE,
- *                       so a rejected COMPLETE still leaves its effect.  SPIN
- *                       must find it (property effect_once).
- *   -DBROKEN_REAPER     the reaper never runs, so a crashed worker's job
- *                       stays running.  SPIN must then find a run in which a
- *                       job never ends (property all_final).
- *   -DRENEW_BUDGET=n    at most n renewals of an expired lease per run.
- *                       Used by the liveness run (see the README); without
- *                       it renewals are unbounded.
- *   -DCRASH_BUDGET=n    kill -9 events per run        (default 1)
- *   -DFREEZE_BUDGET=n   SIGSTOP events per run        (default 1)
- *   -DRELEASE_BUDGET=n  graceful hand-backs per run   (default 1)
+ * Features (compile-time switches, one per configuration that spec/check runs):
+ *   (none)           the core protocol: 2 jobs, max_attempts 2, the guarded
+ *                    transaction (lock -> effect -> commit), SNOOZE,
+ *                    RELEASE, REAP, CANCEL, PRUNE, a crash and a freeze
+ *   -DISOLATION      crash containment: job 0's handler kills its worker;
+ *                    the isolated flag, Start, CLAIM_ISOLATED
+ *   -DWORKFLOWS      job 2 waits for jobs 0 and 1 (policy 'cancel'), job 3
+ *                    for jobs 1 and 2 (policy 'run'): UNBLOCK,
+ *                    CANCEL_DEPENDENTS, REQUEUE with REBLOCK_DEPENDENTS
+ *   -DCANCEL_RUNNING REQUEST_CANCEL, CANCEL_HELD, cancel-aware REAP/LOCK
+ *   -DCRON           one schedule with 3 ticks and two schedulers
+ * Sizes and budgets can be overridden: -DNJ=n -DMAX_ATTEMPTS=n
+ * -DCRASH_BUDGET=n -DFREEZE_BUDGET=n -DRELEASE_BUDGET=n -DSNOOZE_BUDGET=n
+ * -DREQUEUE_BUDGET=n -DCANCEL_BUDGET=n -DPRUNE_BUDGET=n -DRENEW_BUDGET=n.
  *
- * Properties (select one with pan -N name):
- *   lease_exclusive  (a) at most one worker holds a valid lease on a job
- *   fenced_writes    (b) outcomes/effects are written only with the current token
- *   effect_once      (c) effect applied exactly once iff the job is completed
- *   all_final        every job eventually reaches completed, failed or dead
+ * Properties (pan -N name): safety (all invariants at once),
+ * lease_exclusive, fenced_writes, effect_once, lock_held, crash_contained,
+ * dependents_wait, unblock_fenced, counter_exact, cascade_cause, cancel_honoured,
+ * one_job_per_tick; liveness all_final, every_tick.
+ *
+ * Mutations (spec/mutations.toml) edit the macros below in a copy of this
+ * file; none is kept here.
  */
 
-#define NJ 3                    /* jobs */
-#define NW 2                    /* workers */
-#define NK 3                    /* handler slots: 0 and 1 are worker 0's, 2 is worker 1's */
-#define MAX_ATTEMPTS 2
+/* ---------------- configuration ---------------------------------------- */
 
+#define MAXJ 4                  /* array size; jobs NJ..MAXJ-1 never exist */
+#define NW 2
+#define NK 3                    /* slots 0, 1: worker 0; slot 2: worker 1 */
+#define WORKER(k) ((k) / 2)
+
+#ifdef WORKFLOWS
+#  ifndef NJ
+#  define NJ 4
+#  endif
+#  ifndef MAX_ATTEMPTS
+#  define MAX_ATTEMPTS 1
+#  endif
+#  define NO_ATOMIC             /* handlers without context.atomic() */
+#  ifndef REQUEUE_BUDGET
+#  define REQUEUE_BUDGET 1
+#  endif
+#  ifndef CRASH_BUDGET
+#  define CRASH_BUDGET 0
+#  endif
+#  ifndef RELEASE_BUDGET
+#  define RELEASE_BUDGET 0
+#  endif
+#  ifndef SNOOZE_BUDGET
+#  define SNOOZE_BUDGET 0
+#  endif
+#  ifndef PRUNE_BUDGET
+#  define PRUNE_BUDGET 0
+#  endif
+#endif
+
+#ifdef ISOLATION
+#  ifndef NJ
+#  define NJ 2                  /* job 0 kills its worker; job 1 is ordinary */
+#  endif
+#  ifndef CRASH_BUDGET
+#  define CRASH_BUDGET 0
+#  endif
+#  ifndef SNOOZE_BUDGET
+#  define SNOOZE_BUDGET 0
+#  endif
+#  ifndef CANCEL_BUDGET
+#  define CANCEL_BUDGET 0
+#  endif
+#  ifndef PRUNE_BUDGET
+#  define PRUNE_BUDGET 0
+#  endif
+#endif
+
+#ifdef CANCEL_RUNNING
+#  ifndef NJ
+#  define NJ 2
+#  endif
+#  ifndef MAX_ATTEMPTS
+#  define MAX_ATTEMPTS 1
+#  endif
+#  ifndef REQUEUE_BUDGET
+#  define REQUEUE_BUDGET 1
+#  endif
+#  ifndef CRASH_BUDGET
+#  define CRASH_BUDGET 0
+#  endif
+#  ifndef SNOOZE_BUDGET
+#  define SNOOZE_BUDGET 0
+#  endif
+#  ifndef CANCEL_BUDGET
+#  define CANCEL_BUDGET 0
+#  endif
+#  ifndef PRUNE_BUDGET
+#  define PRUNE_BUDGET 0
+#  endif
+#  ifndef REQUEST_BUDGET
+#  define REQUEST_BUDGET 1
+#  endif
+#endif
+
+#ifdef CRON
+#  define NJ 0                  /* the schedule only: no job runs */
+#  define MAX_TICK 3
+#endif
+
+#ifndef NJ
+#define NJ 2
+#endif
+#ifndef MAX_ATTEMPTS
+#define MAX_ATTEMPTS 2
+#endif
 #ifndef CRASH_BUDGET
 #define CRASH_BUDGET 1
 #endif
 #ifndef FREEZE_BUDGET
-#define FREEZE_BUDGET 1
+#define FREEZE_BUDGET 0         /* safety needs none: see the README */
 #endif
 #ifndef RELEASE_BUDGET
 #define RELEASE_BUDGET 1
 #endif
+#ifndef SNOOZE_BUDGET
+#define SNOOZE_BUDGET 1
+#endif
+#ifndef REQUEUE_BUDGET
+#define REQUEUE_BUDGET 0
+#endif
+#ifndef CANCEL_BUDGET
+#define CANCEL_BUDGET 1
+#endif
+#ifndef PRUNE_BUDGET
+#define PRUNE_BUDGET 1
+#endif
+#ifndef REQUEST_BUDGET
+#define REQUEST_BUDGET 0
+#endif
+#ifndef MAX_TICK
+#define MAX_TICK 0
+#endif
 
-/* job states (column conveyor_job.state) */
-#define AVAILABLE 1
-#define RUNNING   2
-#define COMPLETED 3
-#define FAILED    4
-#define DEAD      5
+/* job states (conveyor_job.state); ABSENT: not inserted, PRUNED: deleted */
+#define ABSENT    0
+#define BLOCKED   1
+#define AVAILABLE 2
+#define RUNNING   3
+#define COMPLETED 4
+#define FAILED    5
+#define DEAD      6
+#define CANCELLED 7
+#define PRUNED    8
+
+#define FINAL(s)  ((s) == COMPLETED || (s) == FAILED || (s) == DEAD || (s) == CANCELLED)
+#define DOOMED(s) ((s) == FAILED || (s) == DEAD || (s) == CANCELLED)
+
+/* phases of an attempt, as its worker sees it */
+#define P_CLAIMED 1               /* claimed, not started (ISOLATION only) */
+#define P_RUN     2               /* the handler runs */
+#define P_LOCKED  3               /* inside context.atomic(): row locked */
+#define P_EFFECT  4               /* ... and the effect written, not committed */
+#define P_ABORTED 5               /* PostgreSQL ended the transaction */
+#define P_DONE    6               /* the guarded commit succeeded */
 
 #define NOBODY 255              /* lease_owner IS NULL */
-#define NOJOB  255              /* a slot that believes it holds nothing */
+#define NOJOB  255
 
-/* ---------------- the database row (conveyor_job) ---------------------- */
-byte jstate[NJ];
-byte attempt[NJ];
-byte owner[NJ] = NOBODY;        /* lease_owner */
-byte version[NJ];               /* lease_version: the fencing token */
-bool expired[NJ];               /* lease_expires_at < now(), abstract time */
-byte effects[NJ];               /* ledger rows written by the job's handler */
+#ifdef ISOLATION
+#define ISOLATION_ON true
+#define START_PHASE P_CLAIMED
+#define CRASHER(j) ((j) == 0)
+#else
+#define ISOLATION_ON false
+#define START_PHASE P_RUN
+#define CRASHER(j) false
+#endif
 
-/* ---------------- history of guarded writes ----------------------------
- * Every outcome (and effect) that lands is checked at that moment: the token
- * the writer used must equal the row's lease_version, and the writer must be
- * the row's lease_owner.  Writes that break this are counted here; property
- * fenced_writes says the count stays 0.  (A per-write log would say the same
- * thing with a much larger state.)                                         */
-byte h_stale = 0;
+/* workflows: DEP(x, d) means x depends on d; RUN_ANYWAY(x): policy 'run' */
+#ifdef WORKFLOWS
+#define DEP(x, d) (((x) == 2 && ((d) == 0 || (d) == 1)) || ((x) == 3 && ((d) == 1 || (d) == 2)))
+#define RUN_ANYWAY(x) ((x) == 3)
+#else
+#define DEP(x, d) false
+#define RUN_ANYWAY(x) false
+#endif
+#define SAT(x, d) ((RUN_ANYWAY(x) && FINAL(jstate[d])) || (!RUN_ANYWAY(x) && jstate[d] == COMPLETED))
+#define UNSAT(x, d) (DEP(x, d) && !SAT(x, d))
+#define UNSAT_COUNT(x) (UNSAT(x, 0) + UNSAT(x, 1) + UNSAT(x, 2) + UNSAT(x, 3))
 
-/* ---------------- each worker's local belief ----------------------------
- * v_job[k] is the job slot k believes it holds, v_tok[k] the lease_version
- * it got from CLAIM.  A zombie is a slot whose belief no longer matches the
- * row.                                                                     */
+/* ---------------- conveyor_job ----------------------------------------- */
+byte jstate[MAXJ];
+byte attempt[MAXJ];
+byte owner[MAXJ] = NOBODY;      /* lease_owner */
+byte version[MAXJ];             /* lease_version: the fencing token */
+bool expired[MAXJ];             /* lease_expires_at < now() */
+byte locked[MAXJ];              /* claim id whose guarded transaction holds the row lock */
+bool isolated[MAXJ];
+bool cancel_req[MAXJ];          /* cancel_requested_at IS NOT NULL */
+byte pending[MAXJ];             /* pending_dependencies */
+byte cause[MAXJ] = NOJOB;       /* the dependency that cancelled it */
+/* conveyor_ledger (unique per job and effect key) and the business table */
+byte ledger[MAXJ];              /* claim id of the committed ledger row; 0: none */
+byte business[MAXJ];            /* committed business rows */
+
+/* ---------------- ghost state, for the properties only ----------------- */
+byte claims[MAXJ];              /* claims so far: the latest claim's id */
+byte holder[MAXJ];              /* the claim that holds the lease; 0: none */
+byte live[MAXJ];                /* the claim whose lease is live in real time */
+byte completer[MAXJ];           /* the claim whose COMPLETE landed */
+byte lost_to[MAXJ];             /* attempts lost to another job's crash */
+byte h_stale = 0;               /* writes that landed from a non-holder */
+byte h_double = 0;              /* claims granted while another lease was live */
+byte h_early = 0;               /* dependents unblocked before their dependencies */
+byte h_cancelled_effect = 0;    /* guarded effects committed after a cancel request */
+byte h_rerun = 0;               /* claims of a job with a cancel request */
+byte h_iso_claim = 0;           /* isolated jobs taken by CLAIM */
+byte h_unfenced = 0;            /* dependents unblocked other than by a holder's COMPLETE */
+bool g_fenced = false;          /* this COMPLETE landed for the lease holder */
+
+/* ---------------- the workers' beliefs --------------------------------- */
 byte v_job[NK] = NOJOB;
 byte v_tok[NK];
+byte v_gid[NK];
+byte v_phase[NK];
+bool v_told[NK];                /* HEARTBEAT reported a cancel request */
+bool v_iso[NK];                 /* taken by CLAIM_ISOLATED */
+bool g_was_iso[NK];             /* ghost: the row was isolated when claimed */
 bool frozen[NW];
+bool forever[NW];               /* frozen and never continued */
 
-/* ---------------- environment budgets ---------------------------------- */
+/* ---------------- budgets ---------------------------------------------- */
 byte crashes_left  = CRASH_BUDGET;
 byte freezes_left  = FREEZE_BUDGET;
 byte releases_left = RELEASE_BUDGET;
+byte snoozes_left  = SNOOZE_BUDGET;
+byte requeues_left = REQUEUE_BUDGET;
+byte cancels_left  = CANCEL_BUDGET;
+byte prunes_left   = PRUNE_BUDGET;
+byte requests_left = REQUEST_BUDGET;
 #ifdef RENEW_BUDGET
 byte renewals_left = RENEW_BUDGET;
-#endif
-
-#define WORKER(k) ((k) / 2)     /* slots 0,1 -> worker 0; slot 2 -> worker 1 */
-
-/* The WHERE clause shared by HEARTBEAT, COMPLETE, RETRY, FAIL, RELEASE:
- * id = j AND state = 'running' AND lease_owner = w AND lease_version = tok  */
-#define FENCE(k, j) (jstate[j] == RUNNING && owner[j] == WORKER(k) && version[j] == v_tok[k])
-
-#ifdef BROKEN_CLAIM
-/* the bug: CLAIM does not issue a new token (no lease_version+1) */
-#define NEW_TOKEN(j) skip
-#else
-#define NEW_TOKEN(j) version[j]++
-#endif
-
-#ifdef BROKEN_EFFECT
-/* the bug: the handler's effect is committed in its own transaction, before
- * and apart from the guarded COMPLETE, so it lands even when COMPLETE is
- * rejected */
-#define EFFECT_IF_REJECTED(j) effects[j]++
-#else
-#define EFFECT_IF_REJECTED(j) skip
-#endif
-
-#ifdef BROKEN_FENCE
-/* the bug: COMPLETE's WHERE clause lost "AND lease_version = %s" */
-#define COMPLETE_GUARD(k, j) (jstate[j] == RUNNING && owner[j] == WORKER(k))
-#else
-#define COMPLETE_GUARD(k, j) FENCE(k, j)
-#endif
-
-#ifdef RENEW_BUDGET
 #define MAY_RENEW (renewals_left > 0)
 #define COUNT_RENEWAL renewals_left--
 #else
@@ -129,268 +257,739 @@ byte renewals_left = RENEW_BUDGET;
 #define COUNT_RENEWAL skip
 #endif
 
-/* ---------------- properties -------------------------------------------- */
+/* ---------------- cron: one schedule ----------------------------------- */
+byte now = 0;                   /* ticks 1..now are due */
+byte next_tick = 1;             /* conveyor_cron.next_tick_at */
+byte seen[NW];                  /* the tick a scheduler read as due; 0: none */
+byte expect[NW];                /* the next_tick_at it read with it */
+#ifndef SYNC_BUDGET
+#  ifdef CRON
+#  define SYNC_BUDGET 1
+#  else
+#  define SYNC_BUDGET 0
+#  endif
+#endif
+byte syncs_left = SYNC_BUDGET;
+byte cron_jobs[MAX_TICK + 1];   /* jobs inserted per tick */
 
-/* slot k holds a valid lease on job j: the row names k's worker and token,
- * the job is running and the lease has not expired                         */
+/* ---------------- the guards (mutations edit these) -------------------- */
+
+/* id = j AND state = 'running' AND lease_owner = w AND lease_version = tok */
+#define FENCE(k, j) (jstate[j] == RUNNING && owner[j] == WORKER(k) && version[j] == v_tok[k])
+#define GUARD_HEARTBEAT(k, j) FENCE(k, j)
+#define GUARD_COMPLETE(k, j) FENCE(k, j)
+#define GUARD_RETRY(k, j) FENCE(k, j)
+#define GUARD_FAIL(k, j) FENCE(k, j)
+#define GUARD_SNOOZE(k, j) FENCE(k, j)
+#define GUARD_RELEASE(k, j) FENCE(k, j)
+#define GUARD_CANCEL_HELD(k, j) (FENCE(k, j) && cancel_req[j])
+#define GUARD_LOCK(k, j) (FENCE(k, j) && !cancel_req[j])
+#define GUARD_RECORD(k, j) (jstate[j] == COMPLETED && owner[j] == WORKER(k) && version[j] == v_tok[k])
+#define NEW_TOKEN(j) version[j]++
+#define CLAIMABLE(j) (jstate[j] == AVAILABLE && !isolated[j])
+#define ISO_HELD(w) ((w) == 0 -> ((v_job[0] != NOJOB && v_iso[0]) || (v_job[1] != NOJOB && v_iso[1])) : (v_job[2] != NOJOB && v_iso[2]))
+#define UNSTARTED(w) ((w) == 0 -> ((v_job[0] != NOJOB && v_phase[0] == P_CLAIMED) || (v_job[1] != NOJOB && v_phase[1] == P_CLAIMED)) : (v_job[2] != NOJOB && v_phase[2] == P_CLAIMED))
+#define ALONE(w) (!ISO_HELD(w) && !UNSTARTED(w))
+#define REAP_GUARD(j) (jstate[j] == RUNNING && expired[j] && locked[j] == 0)
+#define REAP_ISOLATES 1
+#define EFFECT_COMMITS_ALONE 0
+#define TXN_BOUND 1
+#define DECREMENT(x) pending[x]--
+#define RECOUNT_RUN_DEPENDENTS 1
+#define INSERT_TICK(t) if :: cron_jobs[t] == 0 -> cron_jobs[t] = 1 :: else -> skip fi
+#define UNBLOCK_IF_REFUSED(j) skip
+#define CASCADE_IF_REFUSED(j) skip
+
+#define AFTER_FAILURE(j) (attempt[j] >= MAX_ATTEMPTS -> DEAD : AVAILABLE)
+/* a job handed back while an operator asked to cancel it ends cancelled */
+#define HANDBACK(j, st) (cancel_req[j] -> CANCELLED : (st))
+#define REAP_STATE(j) HANDBACK(j, AFTER_FAILURE(j))
+
+#ifdef NO_ATOMIC
+#define ATOMIC_PATH false
+#else
+#define ATOMIC_PATH true
+#endif
+
+/* ---------------- properties ------------------------------------------- */
+
+/* slot k holds a valid lease on j (written out, not through FENCE) */
 #define VALID(k, j) (v_job[k] == j && jstate[j] == RUNNING && owner[j] == WORKER(k) \
                      && version[j] == v_tok[k] && !expired[j])
 #define ONE_HOLDER(j) ((VALID(0, j) + VALID(1, j) + VALID(2, j)) <= 1)
-/* a token is never handed out twice, and no one believes in a future token */
-#define TOK_OK(k) (v_job[k] == NOJOB || v_tok[k] <= version[v_job[k]])
-#define TOK_PAIR(a, b) (v_job[a] == NOJOB || v_job[a] != v_job[b] || v_tok[a] != v_tok[b])
-#define LEASE_OK (ONE_HOLDER(0) && ONE_HOLDER(1) && ONE_HOLDER(2) \
-                  && TOK_OK(0) && TOK_OK(1) && TOK_OK(2) \
-                  && TOK_PAIR(0, 1) && TOK_PAIR(0, 2) && TOK_PAIR(1, 2))
+#define HOLDER_OK(k) (v_job[k] == NOJOB || ((!VALID(k, v_job[k]) || v_gid[k] == claims[v_job[k]]) \
+                      && v_tok[k] <= version[v_job[k]]))
+#define LEASE_OK (ONE_HOLDER(0) && ONE_HOLDER(1) && ONE_HOLDER(2) && ONE_HOLDER(3) \
+                  && HOLDER_OK(0) && HOLDER_OK(1) && HOLDER_OK(2) && h_double == 0)
 
 #define FENCED (h_stale == 0)
 
-#define EFFECT_J(j) (effects[j] <= 1 && ((effects[j] == 1) == (jstate[j] == COMPLETED)))
-#define EFFECT_OK (EFFECT_J(0) && EFFECT_J(1) && EFFECT_J(2))
+#define EFFECT_J(j) (business[j] <= 1 && (jstate[j] == PRUNED || \
+                     (((business[j] == 1) == (ledger[j] != 0)) && \
+                      (ledger[j] == 0 || (jstate[j] == COMPLETED && ledger[j] == completer[j])))))
+#define EFFECT_OK (EFFECT_J(0) && EFFECT_J(1) && EFFECT_J(2) && EFFECT_J(3))
 
-#define FINAL(j) (jstate[j] == COMPLETED || jstate[j] == FAILED || jstate[j] == DEAD)
-#define ALL_FINAL (FINAL(0) && FINAL(1) && FINAL(2))
+#define LOCK_K(k) (v_job[k] == NOJOB || (v_phase[k] != P_LOCKED && v_phase[k] != P_EFFECT) || \
+                   (locked[v_job[k]] == v_gid[k] && holder[v_job[k]] == v_gid[k]))
+#define LOCK_OK (LOCK_K(0) && LOCK_K(1) && LOCK_K(2))
 
-ltl lease_exclusive { [] LEASE_OK }
-ltl fenced_writes   { [] FENCED }
-ltl effect_once     { [] EFFECT_OK }
-ltl all_final       { <> ALL_FINAL }
+/* no isolated job taken by CLAIM; worker 0 (two slots) never holds the
+ * leases of two jobs that were isolated when claimed; no job loses two
+ * attempts to a crasher                                                  */
+#define ISO_LEASE(k) (v_job[k] != NOJOB && g_was_iso[k] && holder[v_job[k]] == v_gid[k])
+#define CRASH_OK (h_iso_claim == 0 && !(ISO_LEASE(0) && ISO_LEASE(1)) && \
+                  lost_to[0] <= 1 && lost_to[1] <= 1 && lost_to[2] <= 1 && lost_to[3] <= 1)
 
-/* ---------------- helpers ----------------------------------------------- */
+#define WAIT_OK (h_early == 0)
+#define UNBLOCK_OK (h_unfenced == 0)
+#define COUNT_J(x) (jstate[x] != BLOCKED || pending[x] == UNSAT_COUNT(x))
+#define COUNT_OK (COUNT_J(0) && COUNT_J(1) && COUNT_J(2) && COUNT_J(3))
+#define NODOOM_D(x, d) (!DEP(x, d) || !DOOMED(jstate[d]))
+#define NODOOM_J(x) (jstate[x] != BLOCKED || RUN_ANYWAY(x) || \
+                     (NODOOM_D(x, 0) && NODOOM_D(x, 1) && NODOOM_D(x, 2) && NODOOM_D(x, 3)))
+#define CAUSE_J(x) (jstate[x] != CANCELLED || cause[x] == NOJOB || \
+                    (DEP(x, cause[x]) && DOOMED(jstate[cause[x]])))
+#define WF_OK (NODOOM_J(0) && NODOOM_J(1) && NODOOM_J(2) && NODOOM_J(3) && \
+               CAUSE_J(0) && CAUSE_J(1) && CAUSE_J(2) && CAUSE_J(3))
 
-/* a guarded write landed: was it written with the row's current token? */
-inline record_write(k, j) {
+#define CANCEL_OK (h_cancelled_effect == 0 && h_rerun == 0)
+#define TICKS_OK (cron_jobs[0] <= 1 && cron_jobs[MAX_TICK] <= 1 && \
+                  (MAX_TICK < 2 || cron_jobs[1] <= 1) && (MAX_TICK < 3 || cron_jobs[2] <= 1))
+
+#define DONE_J(j) (FINAL(jstate[j]) || jstate[j] == PRUNED || jstate[j] == ABSENT)
+#define ALL_FINAL (DONE_J(0) && DONE_J(1) && DONE_J(2) && DONE_J(3))
+#define ALL_TICKS (MAX_TICK == 0 || (cron_jobs[1] >= 1 && (MAX_TICK < 2 || cron_jobs[2] >= 1) \
+                   && (MAX_TICK < 3 || cron_jobs[3] >= 1)))
+
+/* ---------------- helpers ---------------------------------------------- */
+
+/* a write of slot k about job j landed: it must come from the lease holder */
+inline landed(k, j) {
   if
-  :: v_tok[k] != version[j] || WORKER(k) != owner[j] -> h_stale++
+  :: holder[j] != v_gid[k] -> h_stale++
   :: else -> skip
   fi
 }
 
-/* slot k forgets its job (outcome written, write rejected, or lease lost).
- * Worker 0's two slots are interchangeable, so when slot 0 is freed slot 1's
- * belief moves into it: occupied slots come first (a symmetry reduction of
- * the state space only, no behaviour is lost).                            */
-inline forget(k) {
+/* the attempt's own write ended its lease */
+inline end_lease(k, j) {
+  expired[j] = false;
+  holder[j] = 0;
   if
-  :: k == 0 ->
-       v_job[0] = v_job[1]; v_tok[0] = v_tok[1];
-       v_job[1] = NOJOB; v_tok[1] = 0
-  :: else ->
-       v_job[k] = NOJOB; v_tok[k] = 0
+  :: live[j] == v_gid[k] -> live[j] = 0
+  :: else -> skip
   fi
 }
 
-/* the row leaves 'running': lease columns cleared */
-inline end_lease(j) {
-  owner[j] = NOBODY;
-  expired[j] = false
+inline clear_slot(k) {
+  v_job[k] = NOJOB; v_tok[k] = 0; v_gid[k] = 0; v_phase[k] = 0; v_told[k] = false; v_iso[k] = false;
+  g_was_iso[k] = false
 }
 
-/* ---------------- worker actions -----------------------------------------
- * Each is one atomic step = one SQL statement in one transaction.  A frozen
- * worker takes no step.  w is the worker, k the slot, j the job.          */
+/* slot k forgets its attempt.  Worker 0's two slots are interchangeable, so
+ * occupied slots come first (a symmetry reduction only).                   */
+inline forget(k) {
+  if
+  :: k == 0 ->
+       v_job[0] = v_job[1]; v_tok[0] = v_tok[1]; v_gid[0] = v_gid[1];
+       v_phase[0] = v_phase[1]; v_told[0] = v_told[1]; v_iso[0] = v_iso[1];
+       g_was_iso[0] = g_was_iso[1];
+       clear_slot(1)
+  :: else -> clear_slot(k)
+  fi
+}
 
-/* CLAIM: UPDATE ... SET state='running', attempt=attempt+1, lease_owner=w,
- * lease_version=lease_version+1, lease_expires_at=now()+lease
- * WHERE id = j AND state='available' (FOR UPDATE SKIP LOCKED).
- * The job goes into worker 0's lowest free slot.                         */
-#define CLAIM(w, k, j) \
-  :: atomic { !frozen[w] && v_job[k] == NOJOB && jstate[j] == AVAILABLE -> \
-       jstate[j] = RUNNING; attempt[j]++; owner[j] = w; NEW_TOKEN(j); \
-       expired[j] = false; \
-       v_job[k] = j; v_tok[k] = version[j]; \
-       printf("CLAIM      worker %d slot %d job %d token %d\n", w, k, j, version[j]) }
+/* a job left blocked for available: were its dependencies done? */
+inline check_wait(x) {
+  if
+  :: UNSAT_COUNT(x) > 0 -> h_early++
+  :: else -> skip
+  fi
+}
+
+/* UNBLOCK: in the transaction of a COMPLETE that wrote job j */
+inline unblock(j) {
+  x = 0;
+  do
+  :: x < NJ ->
+       if
+       :: jstate[x] == BLOCKED && DEP(x, j) ->
+            DECREMENT(x);
+            if
+            :: pending[x] == 0 ->
+                 jstate[x] = AVAILABLE; check_wait(x);
+                 if :: !(jstate[j] == COMPLETED && g_fenced) -> h_unfenced++ :: else -> skip fi
+            :: else -> skip
+            fi
+       :: else -> skip
+       fi;
+       x++
+  :: else -> break
+  od;
+  x = 0
+}
+
+/* CANCEL_DEPENDENTS: job j became failed, dead or cancelled.  Dependents
+ * with policy 'cancel' are cancelled, naming the dependency, transitively;
+ * those with policy 'run' are decremented.  Jobs are numbered so that
+ * dependencies come first, so one pass in order is the closure.           */
+inline cancel_dependents(j) {
+  nf = (1 << j);                /* jobs final in this statement */
+  x = 0;
+  do
+  :: x < NJ ->
+       if
+       :: jstate[x] == BLOCKED && x != j ->
+            d = 0; n = 0;
+            do
+            :: d < NJ -> if :: DEP(x, d) && (nf & (1 << d)) -> n++; c = d :: else -> skip fi; d++
+            :: else -> break
+            od;
+            if
+            :: n > 0 && RUN_ANYWAY(x) ->
+                 pending[x] = pending[x] - n;
+                 if
+                 :: pending[x] == 0 -> jstate[x] = AVAILABLE; check_wait(x)
+                 :: else -> skip
+                 fi
+            :: n > 0 && !RUN_ANYWAY(x) ->
+                 jstate[x] = CANCELLED; cause[x] = c; nf = nf | (1 << x)
+            :: else -> skip
+            fi
+       :: else -> skip
+       fi;
+       x++
+  :: else -> break
+  od;
+  x = 0; d = 0; n = 0; c = 0; nf = 0
+}
+
+/* the statement moves job j to state st, with UNBLOCK or CANCEL_DEPENDENTS */
+inline settle(j, st) {
+  jstate[j] = st;
+  if
+  :: st == COMPLETED -> unblock(j)
+  :: DOOMED(st) -> cancel_dependents(j)
+  :: else -> skip
+  fi
+}
+
+/* REBLOCK_DEPENDENTS, in REQUEUE's transaction: job j (failed, dead or
+ * cancelled) gets a fresh set of attempts; the dependents CANCEL_DEPENDENTS cancelled because
+ * of it return to blocked, transitively, unless another dependency of theirs
+ * is still failed, dead or cancelled (then they stay, naming that one).    */
+inline requeue(j) {
+  nf = (1 << j);                /* the jobs that come back: j and R */
+  x = j + 1;
+  do
+  :: x < NJ ->
+       if
+       :: jstate[x] == CANCELLED && cause[x] != NOJOB && (nf & (1 << cause[x])) ->
+            d = 0; n = 0;
+            do
+            :: d < NJ -> if :: DEP(x, d) && !(nf & (1 << d)) && DOOMED(jstate[d]) -> n++; c = d :: else -> skip fi; d++
+            :: else -> break
+            od;
+            if
+            :: n == 0 -> nf = nf | (1 << x)
+            :: else -> cause[x] = c
+            fi
+       :: else -> skip
+       fi;
+       x++
+  :: else -> break
+  od;
+  /* the jobs that come back are no longer final; then count */
+  x = 0;
+  do
+  :: x < NJ -> if :: (nf & (1 << x)) -> jstate[x] = BLOCKED; cause[x] = NOJOB :: else -> skip fi; x++
+  :: else -> break
+  od;
+  x = 0;
+  do
+  :: x < NJ ->
+       if
+       :: (nf & (1 << x)) -> pending[x] = UNSAT_COUNT(x)
+       :: !(nf & (1 << x)) && jstate[x] == BLOCKED && RUN_ANYWAY(x) && RECOUNT_RUN_DEPENDENTS ->
+            d = 0;
+            do
+            :: d < NJ -> if :: DEP(x, d) && (nf & (1 << d)) -> pending[x]++ :: else -> skip fi; d++
+            :: else -> break
+            od
+       :: else -> skip
+       fi;
+       x++
+  :: else -> break
+  od;
+  if
+  :: pending[j] == 0 -> jstate[j] = AVAILABLE
+  :: else -> skip
+  fi;
+  attempt[j] = 0; isolated[j] = false; cancel_req[j] = false;
+  x = 0; d = 0; n = 0; c = 0; nf = 0
+}
+
+/* a claim hands job j to slot k of worker w */
+inline claimed(w, k, j, iso) {
+  if :: live[j] != 0 -> h_double++ :: else -> skip fi;
+  if :: cancel_req[j] -> h_rerun++ :: else -> skip fi;
+  if :: isolated[j] && !iso -> h_iso_claim++ :: else -> skip fi;
+  jstate[j] = RUNNING; attempt[j]++; owner[j] = w; NEW_TOKEN(j); expired[j] = false;
+  claims[j]++; holder[j] = claims[j]; live[j] = claims[j];
+  v_job[k] = j; v_tok[k] = version[j]; v_gid[k] = claims[j];
+  v_phase[k] = START_PHASE; v_told[k] = false; v_iso[k] = iso; g_was_iso[k] = isolated[j];
+  printf("CLAIM      worker %d slot %d job %d token %d\n", w, k, j, version[j])
+}
+
+/* kill -9 of worker w: its beliefs go, its open transactions roll back */
+inline crash_worker(w) {
+  q = (w == 0 -> 0 : 2);
+  do
+  :: q < NK && WORKER(q) == w ->
+       if
+       :: v_job[q] != NOJOB && locked[v_job[q]] == v_gid[q] && v_gid[q] != 0 -> locked[v_job[q]] = 0
+       :: else -> skip
+       fi;
+       clear_slot(q); q++
+  :: else -> break
+  od;
+  q = 0;
+  frozen[w] = false; seen[w] = 0; expect[w] = 0
+}
+
+/* ---------------- worker actions --------------------------------------- */
+
+/* CLAIM: UPDATE ... SET state='running', attempt+1, lease_owner=w,
+ * lease_version+1, lease_expires_at=now()+lease FROM (SELECT ... WHERE
+ * state='available' AND NOT isolated ... FOR UPDATE SKIP P_LOCKED)          */
 #define CLAIM_W0(j) \
-  :: atomic { !frozen[0] && v_job[1] == NOJOB && jstate[j] == AVAILABLE -> \
-       if \
-       :: v_job[0] == NOJOB -> k = 0 \
-       :: else -> k = 1 \
-       fi; \
-       jstate[j] = RUNNING; attempt[j]++; owner[j] = 0; NEW_TOKEN(j); \
-       expired[j] = false; \
-       v_job[k] = j; v_tok[k] = version[j]; \
-       printf("CLAIM      worker 0 slot %d job %d token %d\n", k, j, version[j]); k = 0 }
+  :: atomic { !frozen[0] && v_job[1] == NOJOB && CLAIMABLE(j) -> \
+       k = (v_job[0] == NOJOB -> 0 : 1); claimed(0, k, j, false); k = 0 }
+#define CLAIM_W1(j) \
+  :: atomic { !frozen[1] && v_job[2] == NOJOB && CLAIMABLE(j) -> claimed(1, 2, j, false) }
 
-/* HEARTBEAT: UPDATE ... SET lease_expires_at = now()+lease
- * WHERE id=j AND state='running' AND lease_owner=w AND lease_version=tok.
- * Zero rows: the lease is lost; the handler is told and writes nothing.
- * With abstract time a renewal of a lease that has not expired changes no
- * variable (a stuttering step), so the model only takes the two steps that
- * change something: renewing an expired (not yet reaped) lease, and
- * finding the lease lost.  -DRENEW_BUDGET=n bounds the renewals per run.   */
+/* CLAIM_ISOLATED: the same for one isolated job, for a worker that holds no
+ * other isolated job and no claimed job it has not started                */
+#define CLAIM_ISOLATED_W0(j) \
+  :: atomic { !frozen[0] && v_job[1] == NOJOB && jstate[j] == AVAILABLE && isolated[j] && ALONE(0) -> \
+       k = (v_job[0] == NOJOB -> 0 : 1); claimed(0, k, j, true); k = 0 }
+#define CLAIM_ISOLATED_W1(j) \
+  :: atomic { !frozen[1] && v_job[2] == NOJOB && jstate[j] == AVAILABLE && isolated[j] && ALONE(1) -> \
+       claimed(1, 2, j, true) }
+
+/* HEARTBEAT: UPDATE ... SET lease_expires_at = now()+lease WHERE id, state,
+ * lease_owner, lease_version (SKIP P_LOCKED: the slot's own locked row is
+ * neither renewed nor lost), reporting cancel requests.  Zero rows: lost.
+ * A renewal that changes nothing is a stuttering step and is left out.    */
 #define HEARTBEAT(w, k) \
   :: atomic { !frozen[w] && v_job[k] != NOJOB && \
-              (!FENCE(k, v_job[k]) || (expired[v_job[k]] && MAY_RENEW)) -> \
+              (v_phase[k] == P_CLAIMED || v_phase[k] == P_RUN || v_phase[k] == P_ABORTED) && \
+              (!GUARD_HEARTBEAT(k, v_job[k]) || \
+               ((expired[v_job[k]] || live[v_job[k]] != v_gid[k]) && MAY_RENEW) || \
+               (cancel_req[v_job[k]] && !v_told[k])) -> \
        j = v_job[k]; \
        if \
-       :: FENCE(k, j) -> expired[j] = false; COUNT_RENEWAL; \
-            printf("HEARTBEAT  worker %d slot %d job %d token %d renewed\n", w, k, j, v_tok[k]) \
-       :: else -> printf("HEARTBEAT  worker %d slot %d job %d token %d lost\n", w, k, j, v_tok[k]); forget(k) \
+       :: GUARD_HEARTBEAT(k, j) -> \
+            landed(k, j); \
+            if :: expired[j] || live[j] != v_gid[k] -> COUNT_RENEWAL :: else -> skip fi; \
+            expired[j] = false; live[j] = v_gid[k]; v_told[k] = cancel_req[j] \
+       :: else -> forget(k) \
        fi; j = 0 }
 
-/* LOCK_FOR_EFFECT + COMPLETE in one transaction: SELECT ... FOR UPDATE
- * guarded by the token, the handler's ORM writes (the effect), then
- * UPDATE ... SET state='completed' WHERE id, state, owner, version.
- * If the guard fails the whole transaction rolls back, effect included.   */
+/* LOCK_FOR_EFFECT: SELECT ... FOR UPDATE WHERE id, state, owner, version,
+ * no cancel request; the lock is held until the transaction ends.  Zero
+ * rows: LeaseLost, nothing committed, no outcome written.                 */
+#define LOCK_FOR_EFFECT(w, k) \
+  :: atomic { ATOMIC_PATH && !frozen[w] && v_job[k] != NOJOB && v_phase[k] == P_RUN && \
+              (!GUARD_LOCK(k, v_job[k]) || locked[v_job[k]] == 0) -> \
+       j = v_job[k]; \
+       if \
+       :: GUARD_LOCK(k, j) -> landed(k, j); locked[j] = v_gid[k]; v_phase[k] = P_LOCKED \
+       :: else -> forget(k) \
+       fi; j = 0 }
+
+/* Effect: the handler's business row and ledger row, uncommitted, inside
+ * the guarded transaction.  The ledger's unique (job, effect key): once a
+ * row is committed, the insert raises and the attempt can only roll back. */
+#if EFFECT_COMMITS_ALONE
+#define EFFECT(w, k) \
+  :: atomic { !frozen[w] && v_job[k] != NOJOB && v_phase[k] == P_RUN && ledger[v_job[k]] == 0 -> \
+       j = v_job[k]; ledger[j] = v_gid[k]; \
+       if :: business[j] < 2 -> business[j]++ :: else -> skip fi; j = 0 }
+#else
+#define EFFECT(w, k) \
+  :: atomic { !frozen[w] && v_job[k] != NOJOB && v_phase[k] == P_LOCKED && ledger[v_job[k]] == 0 -> \
+       v_phase[k] = P_EFFECT }
+#endif
+
+/* COMPLETE: UPDATE ... SET state='completed' WHERE id, state, owner,
+ * version (lease_owner kept), with UNBLOCK, from the batch (the handler
+ * returned) or as the guarded commit with the effect; zero rows there roll
+ * the effect back.                                                        */
+inline complete(w, k) {
+  j = v_job[k];
+  if
+  :: GUARD_COMPLETE(k, j) ->
+       landed(k, j);
+       if :: v_phase[k] == P_EFFECT && cancel_req[j] -> h_cancelled_effect++ :: else -> skip fi;
+       g_fenced = (holder[j] == v_gid[k]);
+       settle(j, COMPLETED);
+       g_fenced = false;
+       end_lease(k, j); completer[j] = v_gid[k]; isolated[j] = false;
+       if
+       :: v_phase[k] == P_EFFECT ->
+            ledger[j] = v_gid[k];
+            if :: business[j] < 2 -> business[j]++ :: else -> skip fi;
+            locked[j] = 0; v_phase[k] = P_DONE
+       :: else -> forget(k)
+       fi
+  :: else ->
+       UNBLOCK_IF_REFUSED(j);
+       if :: v_phase[k] == P_EFFECT -> locked[j] = 0 :: else -> skip fi;
+       forget(k)
+  fi;
+  printf("COMPLETE   worker %d slot %d job %d token %d -> state %d stale %d\n", w, k, j, v_tok[k], jstate[j], h_stale);
+  j = 0
+}
 #define COMPLETE(w, k) \
-  :: atomic { !frozen[w] && v_job[k] != NOJOB -> \
+  :: atomic { !frozen[w] && v_job[k] != NOJOB && (v_phase[k] == P_RUN || v_phase[k] == P_EFFECT) -> \
+       complete(w, k) }
+
+/* RECORD_RESULT: UPDATE ... SET return_value WHERE id, state='completed',
+ * owner, version: after the guarded commit                               */
+#define RECORD_RESULT(w, k) \
+  :: atomic { !frozen[w] && v_job[k] != NOJOB && v_phase[k] == P_DONE -> \
        j = v_job[k]; \
-       if \
-       :: COMPLETE_GUARD(k, j) -> \
-            record_write(k, j); effects[j]++; jstate[j] = COMPLETED; end_lease(j) \
-       :: else -> EFFECT_IF_REJECTED(j) \
-       fi; \
-       printf("COMPLETE   worker %d slot %d job %d token %d -> state %d version %d stale_writes %d\n", w, k, j, v_tok[k], jstate[j], version[j], h_stale); \
+       if :: GUARD_RECORD(k, j) && completer[j] != v_gid[k] -> h_stale++ :: else -> skip fi; \
        forget(k); j = 0 }
 
-/* RETRY: UPDATE ... SET state = CASE WHEN attempt >= max_attempts THEN
- * 'dead' ELSE 'available' END, errors = errors || ..., run_after = backoff
- * WHERE id, state='running', lease_owner, lease_version.                  */
+/* the slot's transaction (if any) rolls back and releases the row lock */
+inline rollback(k, j) {
+  if :: locked[j] == v_gid[k] -> locked[j] = 0 :: else -> skip fi
+}
+
+/* RETRY: UPDATE ... SET state = dead or available (or cancelled after a
+ * cancel request), lease_owner = NULL, isolated = false WHERE id, state,
+ * owner, version; CANCEL_DEPENDENTS when the job is dead or cancelled.    */
+inline retry(w, k) {
+  j = v_job[k]; rollback(k, j);
+  if
+  :: GUARD_RETRY(k, j) ->
+       landed(k, j); s = HANDBACK(j, AFTER_FAILURE(j)); settle(j, s);
+       owner[j] = NOBODY; end_lease(k, j); isolated[j] = false
+  :: else -> skip
+  fi;
+  printf("RETRY      worker %d slot %d job %d token %d -> state %d stale %d\n", w, k, j, v_tok[k], jstate[j], h_stale);
+  forget(k); j = 0; s = 0
+}
 #define RETRY(w, k) \
-  :: atomic { !frozen[w] && v_job[k] != NOJOB -> \
-       j = v_job[k]; \
-       if \
-       :: FENCE(k, j) -> \
-            record_write(k, j); \
-            if \
-            :: attempt[j] >= MAX_ATTEMPTS -> jstate[j] = DEAD \
-            :: else -> jstate[j] = AVAILABLE \
-            fi; end_lease(j) \
-       :: else -> skip \
-       fi; \
-       printf("RETRY      worker %d slot %d job %d token %d -> state %d version %d stale_writes %d\n", w, k, j, v_tok[k], jstate[j], version[j], h_stale); \
-       forget(k); j = 0 }
+  :: atomic { !frozen[w] && v_job[k] != NOJOB && v_phase[k] >= P_RUN && v_phase[k] <= P_ABORTED -> retry(w, k) }
 
-/* FAIL: UPDATE ... SET state='failed' (the handler raised Discard)
- * WHERE id, state='running', lease_owner, lease_version.                  */
+/* FAIL: UPDATE ... SET state = 'failed', lease_owner = NULL, isolated =
+ * false WHERE id, state, owner, version; with CANCEL_DEPENDENTS           */
+inline fail(w, k) {
+  j = v_job[k]; rollback(k, j);
+  if
+  :: GUARD_FAIL(k, j) ->
+       landed(k, j); settle(j, FAILED); owner[j] = NOBODY; end_lease(k, j); isolated[j] = false
+  :: else ->
+       CASCADE_IF_REFUSED(j)
+  fi;
+  forget(k); j = 0
+}
 #define FAIL(w, k) \
-  :: atomic { !frozen[w] && v_job[k] != NOJOB -> \
-       j = v_job[k]; \
-       if \
-       :: FENCE(k, j) -> record_write(k, j); jstate[j] = FAILED; end_lease(j) \
-       :: else -> skip \
-       fi; \
-       printf("FAIL       worker %d slot %d job %d token %d -> state %d version %d stale_writes %d\n", w, k, j, v_tok[k], jstate[j], version[j], h_stale); \
-       forget(k); j = 0 }
+  :: atomic { !frozen[w] && v_job[k] != NOJOB && v_phase[k] >= P_RUN && v_phase[k] <= P_ABORTED -> fail(w, k) }
 
-/* RELEASE: graceful shutdown hands an unfinished lease back at once:
- * UPDATE ... SET state='available', attempt=attempt-1 (the hand-back does
- * not use up an attempt) WHERE id, state='running', lease_owner, lease_version.
- * Bounded by RELEASE_BUDGET (shutdowns per run).                          */
+/* SNOOZE: UPDATE ... SET state = 'available', attempt - 1, lease_owner =
+ * NULL, isolated = false WHERE id, state, owner, version                 */
+inline snooze(w, k) {
+  snoozes_left--; j = v_job[k]; rollback(k, j);
+  if
+  :: GUARD_SNOOZE(k, j) ->
+       landed(k, j); s = HANDBACK(j, AVAILABLE); settle(j, s); attempt[j]--;
+       owner[j] = NOBODY; end_lease(k, j); isolated[j] = false
+  :: else -> skip
+  fi;
+  forget(k); j = 0; s = 0
+}
+#define SNOOZE(w, k) \
+  :: atomic { !frozen[w] && v_job[k] != NOJOB && v_phase[k] >= P_RUN && v_phase[k] <= P_EFFECT && \
+              snoozes_left > 0 -> snooze(w, k) }
+
+/* RELEASE: graceful shutdown: UPDATE ... SET state = 'available', attempt
+ * - 1, lease_owner = NULL WHERE id, state, owner, version (isolated kept; a
+ * row locked by the slot's own transaction would make it wait)           */
+inline release(w, k) {
+  releases_left--; j = v_job[k];
+  if
+  :: GUARD_RELEASE(k, j) ->
+       landed(k, j); s = HANDBACK(j, AVAILABLE); settle(j, s); attempt[j]--;
+       owner[j] = NOBODY; end_lease(k, j)
+  :: else -> skip
+  fi;
+  forget(k); j = 0; s = 0
+}
 #define RELEASE(w, k) \
-  :: atomic { !frozen[w] && v_job[k] != NOJOB && releases_left > 0 -> \
-       releases_left--; j = v_job[k]; \
+  :: atomic { !frozen[w] && v_job[k] != NOJOB && releases_left > 0 && \
+              (v_phase[k] == P_CLAIMED || v_phase[k] == P_RUN || v_phase[k] == P_ABORTED) -> release(w, k) }
+
+/* CANCEL_HELD: the worker was told of a cancel request: UPDATE ... SET
+ * state = 'cancelled', lease_owner = NULL WHERE id, state, owner, version,
+ * with CANCEL_DEPENDENTS                                                 */
+inline cancel_held(w, k) {
+  j = v_job[k];
+  if
+  :: GUARD_CANCEL_HELD(k, j) ->
+       landed(k, j); settle(j, CANCELLED); owner[j] = NOBODY; end_lease(k, j); isolated[j] = false
+  :: else -> skip
+  fi;
+  forget(k); j = 0
+}
+#define CANCEL_HELD(w, k) \
+  :: atomic { !frozen[w] && v_job[k] != NOJOB && v_told[k] && \
+              (v_phase[k] == P_CLAIMED || v_phase[k] == P_RUN || v_phase[k] == P_ABORTED) -> cancel_held(w, k) }
+
+/* Start: a claimed job goes to a handler; a crasher kills the worker, and
+ * every other attempt it holds is lost with it                            */
+inline start(w, k) {
+  j = v_job[k];
+  if
+  :: CRASHER(j) ->
+       x = (w == 0 -> 0 : 2);
+       do
+       :: x < NK && WORKER(x) == w ->
+            if
+            :: x != k && v_job[x] != NOJOB && holder[v_job[x]] == v_gid[x] && lost_to[v_job[x]] < 2 ->
+                 lost_to[v_job[x]]++
+            :: else -> skip
+            fi;
+            x++
+       :: else -> break
+       od;
+       x = 0;
+       crash_worker(w);
+       printf("Start      worker %d job %d: the handler kills the worker\n", w, j)
+  :: else -> v_phase[k] = P_RUN
+  fi;
+  j = 0
+}
+#define START(w, k) \
+  :: atomic { !frozen[w] && v_job[k] != NOJOB && v_phase[k] == P_CLAIMED -> start(w, k) }
+
+/* CRON_ENQUEUE: guarded by the schedule row as read (next_tick_at = what the
+ * scheduler saw, FOR UPDATE SKIP LOCKED): INSERT the tick's job, key
+ * 'cron:<name>:<tick>', ON CONFLICT DO NOTHING, and advance the row        */
+#define CRON_ENQUEUE(w) \
+  :: atomic { !frozen[w] && seen[w] != 0 -> \
        if \
-       :: FENCE(k, j) -> \
-            record_write(k, j); jstate[j] = AVAILABLE; attempt[j]--; end_lease(j) \
+       :: next_tick == expect[w] -> INSERT_TICK(seen[w]); next_tick = seen[w] + 1 \
        :: else -> skip \
        fi; \
-       printf("RELEASE    worker %d slot %d job %d token %d -> state %d version %d stale_writes %d\n", w, k, j, v_tok[k], jstate[j], version[j], h_stale); \
-       forget(k); j = 0 }
+       seen[w] = 0; expect[w] = 0 }
+/* a scheduler pass reads the schedule row and picks the next due tick */
+#define SCHEDULER_READ(w) \
+  :: atomic { !frozen[w] && seen[w] == 0 && next_tick <= now -> seen[w] = next_tick; expect[w] = next_tick }
 
-#define SLOT_ACTIONS(w, k) HEARTBEAT(w, k) COMPLETE(w, k) RETRY(w, k) FAIL(w, k) RELEASE(w, k)
+#define SLOT(w, k) HEARTBEAT(w, k) LOCK_FOR_EFFECT(w, k) EFFECT(w, k) COMPLETE(w, k) \
+  RECORD_RESULT(w, k) RETRY(w, k) FAIL(w, k) SNOOZE(w, k) RELEASE(w, k) CANCEL_HELD(w, k) START(w, k)
 
 proctype Worker0() {
-  byte k = 0;
-  byte j = 0;
+  byte j = 0; byte k = 0; byte x = 0; byte d = 0; byte n = 0; byte c = 0; byte nf = 0; byte s = 0; byte q = 0;
 end_loop:
   do
-  CLAIM_W0(0)
-  CLAIM_W0(1)
-  CLAIM_W0(2)
-  SLOT_ACTIONS(0, 0)
-  SLOT_ACTIONS(0, 1)
+  CLAIM_W0(0) CLAIM_W0(1) CLAIM_W0(2) CLAIM_W0(3)
+#ifdef ISOLATION
+  CLAIM_ISOLATED_W0(0) CLAIM_ISOLATED_W0(1)
+#endif
+  SLOT(0, 0)
+  SLOT(0, 1)
+#ifdef CRON
+  SCHEDULER_READ(0) CRON_ENQUEUE(0)
+#endif
   od
 }
 
 proctype Worker1() {
-  byte j = 0;
+  byte j = 0; byte k = 0; byte x = 0; byte d = 0; byte n = 0; byte c = 0; byte nf = 0; byte s = 0; byte q = 0;
 end_loop:
   do
-  CLAIM(1, 2, 0)
-  CLAIM(1, 2, 1)
-  CLAIM(1, 2, 2)
-  SLOT_ACTIONS(1, 2)
+  CLAIM_W1(0) CLAIM_W1(1) CLAIM_W1(2) CLAIM_W1(3)
+#ifdef ISOLATION
+  CLAIM_ISOLATED_W1(0) CLAIM_ISOLATED_W1(1)
+#endif
+  SLOT(1, 2)
+#ifdef CRON
+  SCHEDULER_READ(1) CRON_ENQUEUE(1)
+#endif
   od
 }
 
-/* ---------------- the reaper -------------------------------------------- */
+/* ---------------- the reaper and the environment ----------------------- */
 
-/* REAP: UPDATE ... SET state = CASE WHEN attempt >= max_attempts THEN 'dead'
- * ELSE 'available' END, lease_owner = NULL, errors = errors || 'lease lost'
- * WHERE state='running' AND lease_expires_at < now() (database time; no
- * owner needed; SKIP LOCKED).                                              */
-#ifdef BROKEN_REAPER
-#define REAPER_RUNS false
-#else
-#define REAPER_RUNS true
-#endif
+/* REAP: UPDATE ... SET state = cancelled (cancel request) / dead / available
+ * (isolated), lease_owner = NULL WHERE state='running' AND lease_expires_at
+ * < now() FOR UPDATE SKIP P_LOCKED; CANCEL_DEPENDENTS when dead/cancelled    */
 #define REAP(j) \
-  :: atomic { REAPER_RUNS && jstate[j] == RUNNING && expired[j] -> \
-       if \
-       :: attempt[j] >= MAX_ATTEMPTS -> jstate[j] = DEAD \
-       :: else -> jstate[j] = AVAILABLE \
-       fi; end_lease(j); \
-       printf("REAP       job %d -> state %d\n", j, jstate[j]) }
+  :: atomic { REAP_GUARD(j) -> \
+       s = REAP_STATE(j); settle(j, s); \
+       if :: ISOLATION_ON && REAP_ISOLATES && s == AVAILABLE -> isolated[j] = true :: else -> skip fi; \
+       owner[j] = NOBODY; expired[j] = false; holder[j] = 0; \
+       printf("REAP       job %d -> state %d\n", j, jstate[j]); s = 0 }
 
-/* ---------------- the environment --------------------------------------- */
-
-/* Tick: time passes a lease's expiry (no heartbeat came in time) */
-#define TICK(j) :: atomic { jstate[j] == RUNNING && !expired[j] -> expired[j] = true; \
+/* Tick: time passes a lease's expiry */
+#define TICK(j) \
+  :: atomic { jstate[j] == RUNNING && !expired[j] -> expired[j] = true; live[j] = 0; \
        printf("Tick       lease of job %d expired\n", j) }
 
-/* Crash: kill -9; the process restarts at once with empty memory, so all
- * of its beliefs are gone and its leases just expire.                      */
-#define CRASH_W0 \
-  :: atomic { crashes_left > 0 -> crashes_left--; frozen[0] = false; \
-       v_job[0] = NOJOB; v_tok[0] = 0; \
-       v_job[1] = NOJOB; v_tok[1] = 0; printf("Crash      worker 0\n") }
-#define CRASH_W1 \
-  :: atomic { crashes_left > 0 -> crashes_left--; frozen[1] = false; \
-       v_job[2] = NOJOB; v_tok[2] = 0; printf("Crash      worker 1\n") }
+/* TxnTimeout: PostgreSQL ends the guarded transaction of slot k, whose
+ * session stayed idle (idle_in_transaction_session_timeout) or whose
+ * statement ran too long (statement_timeout): the lock is released, the
+ * effect discarded; the worker finds out when it next uses the connection */
+#define TXN_TIMEOUT(k) \
+  :: atomic { TXN_BOUND && v_job[k] != NOJOB && (v_phase[k] == P_LOCKED || v_phase[k] == P_EFFECT) -> \
+       if :: locked[v_job[k]] == v_gid[k] -> locked[v_job[k]] = 0 :: else -> skip fi; \
+       v_phase[k] = P_ABORTED; printf("TxnTimeout slot %d\n", k) }
 
-/* Freeze: SIGSTOP; the worker keeps its beliefs but does nothing.
- * Thaw: SIGCONT; it resumes with whatever it believed.                     */
-#define FREEZE(w) :: atomic { freezes_left > 0 && !frozen[w] -> freezes_left--; frozen[w] = true; \
+/* Crash: kill -9 and an immediate restart */
+#define CRASH(w) \
+  :: atomic { crashes_left > 0 -> crashes_left--; crash_worker(w); forever[w] = false; \
+       printf("Crash      worker %d\n", w) }
+
+/* Freeze: SIGSTOP, continued later (Thaw) or never */
+#define FREEZE(w) \
+  :: atomic { freezes_left > 0 && !frozen[w] -> freezes_left--; frozen[w] = true; \
        printf("Freeze     worker %d\n", w) }
-#define THAW(w)   :: atomic { frozen[w] -> frozen[w] = false; printf("Thaw       worker %d\n", w) }
+#define FREEZE_FOREVER(w) \
+  :: atomic { freezes_left > 0 && !frozen[w] -> freezes_left--; frozen[w] = true; forever[w] = true; \
+       printf("Freeze     worker %d for ever\n", w) }
+#define THAW(w) \
+  :: atomic { frozen[w] && !forever[w] -> frozen[w] = false; printf("Thaw       worker %d\n", w) }
 
-/* The reaper's statement and the environment's events share one process:
- * each is still its own atomic step, and one process instead of two keeps
- * SPIN's fairness construction (pan -f copies the graph per process) small.
- * The liveness property holds even without fairness (see the README).     */
+/* Clock: time reaches the next tick of the schedule */
+#define CLOCK :: atomic { now < MAX_TICK -> now++ }
+/* CronSync: the settings sync (or an admin edit) recomputes next_tick_at,
+ * back to a tick whose job exists: then only the key holds                */
+#define CRON_SYNC :: atomic { syncs_left > 0 && next_tick > 1 -> syncs_left--; \
+       if :: next_tick = 1 :: next_tick > 2 -> next_tick = 2 :: next_tick > 3 -> next_tick = 3 fi }
+
 proctype World() {
+  byte j = 0; byte k = 0; byte x = 0; byte d = 0; byte n = 0; byte c = 0; byte nf = 0; byte s = 0; byte q = 0;
 end_loop:
   do
-  REAP(0)
-  REAP(1)
-  REAP(2)
-  TICK(0)
-  TICK(1)
-  TICK(2)
-  CRASH_W0
-  CRASH_W1
-  FREEZE(0)
-  FREEZE(1)
-  THAW(0)
-  THAW(1)
+  REAP(0) REAP(1) REAP(2) REAP(3)
+  TICK(0) TICK(1) TICK(2) TICK(3)
+  TXN_TIMEOUT(0) TXN_TIMEOUT(1) TXN_TIMEOUT(2)
+  CRASH(0) CRASH(1)
+  FREEZE(0) FREEZE(1) FREEZE_FOREVER(0) FREEZE_FOREVER(1)
+  THAW(0) THAW(1)
+  CLOCK CRON_SYNC
   od
 }
 
-/* ENQUEUE: INSERT INTO conveyor_job (..., state) VALUES (..., 'available').
- * All jobs are enqueued before the workers start: an INSERT touches only its
- * own new row, so interleaving it with the other actions adds states but no
- * behaviour that matters to the properties.                              */
+/* ---------------- operators -------------------------------------------- */
+
+/* REQUEUE: failed/dead/cancelled -> available or blocked, attempt 0, with
+ * REBLOCK_DEPENDENTS; refused for a policy-'cancel' job whose dependency
+ * failed (requeue that one instead)                                      */
+#define DEPS_ALIVE(j) (RUN_ANYWAY(j) || ((!DEP(j, 0) || !DOOMED(jstate[0])) && \
+                       (!DEP(j, 1) || !DOOMED(jstate[1])) && (!DEP(j, 2) || !DOOMED(jstate[2]))))
+#define REQUEUE(j) \
+  :: atomic { requeues_left > 0 && DOOMED(jstate[j]) && DEPS_ALIVE(j) -> \
+       requeues_left--; requeue(j); printf("REQUEUE    job %d -> state %d\n", j, jstate[j]) }
+
+/* CANCEL: blocked/available -> cancelled, with CANCEL_DEPENDENTS */
+#define CANCEL(j) \
+  :: atomic { cancels_left > 0 && (jstate[j] == BLOCKED || jstate[j] == AVAILABLE) -> \
+       cancels_left--; settle(j, CANCELLED) }
+
+/* PRUNE: a final job and its ledger rows are deleted (not a dependency) */
+#define PRUNE(j) \
+  :: atomic { prunes_left > 0 && FINAL(jstate[j]) && !DEP(2, j) && !DEP(3, j) -> \
+       prunes_left--; jstate[j] = PRUNED; ledger[j] = 0 }
+
+/* REQUEST_CANCEL: a running job gets a cancel request (waits for its lock) */
+#define REQUEST_CANCEL(j) \
+  :: atomic { requests_left > 0 && jstate[j] == RUNNING && locked[j] == 0 && !cancel_req[j] -> \
+       requests_left--; cancel_req[j] = true; printf("REQUEST_CANCEL job %d\n", j) }
+
+proctype Operator() {
+  byte x = 0; byte d = 0; byte n = 0; byte c = 0; byte nf = 0;
+end_loop:
+  do
+  REQUEUE(0) REQUEUE(1) REQUEUE(2) REQUEUE(3)
+  CANCEL(0) CANCEL(1) CANCEL(2) CANCEL(3)
+  PRUNE(0) PRUNE(1) PRUNE(2) PRUNE(3)
+  REQUEST_CANCEL(0) REQUEST_CANCEL(1) REQUEST_CANCEL(2) REQUEST_CANCEL(3)
+  od
+}
+
+/* ENQUEUE: INSERT INTO conveyor_job (state 'available', or 'blocked' with
+ * pending_dependencies = its unfinished dependencies).  All jobs are
+ * enqueued before the workers start, dependencies first.                 */
 init {
   byte i = 0;
   atomic {
     do
-    :: i < NJ -> jstate[i] = AVAILABLE; attempt[i] = 0; i++          /* ENQUEUE */
+    :: i < NJ ->
+         pending[i] = UNSAT_COUNT(i);
+         jstate[i] = (pending[i] > 0 -> BLOCKED : AVAILABLE);
+         i++
     :: else -> break
     od;
     i = 0;
     run Worker0();
     run Worker1();
-    run World()
+    run World();
+    run Operator()
   }
 }
+
+/* ---------------- the properties as never claims ---------------------
+ * (declared after the processes: pan numbers claims after them)         */
+
+/* Invariants, as never claims written in Promela (LTL's parser cannot read
+ * these expressions): each claim fails as soon as a state breaks it.      */
+#define INVARIANT(name, p) \
+never name { \
+T0: do \
+    :: atomic { !(p) -> assert(p) } \
+    :: (1) -> goto T0 \
+    od \
+}
+
+INVARIANT(safety, LEASE_OK && FENCED && EFFECT_OK && LOCK_OK && CRASH_OK && WAIT_OK && UNBLOCK_OK
+                  && COUNT_OK && WF_OK && CANCEL_OK && TICKS_OK)
+INVARIANT(lease_exclusive, LEASE_OK)
+INVARIANT(fenced_writes, FENCED)
+INVARIANT(effect_once, EFFECT_OK)
+INVARIANT(lock_held, LOCK_OK)
+INVARIANT(crash_contained, CRASH_OK)
+INVARIANT(dependents_wait, WAIT_OK)
+INVARIANT(unblock_fenced, UNBLOCK_OK)
+INVARIANT(counter_exact, COUNT_OK)
+INVARIANT(cascade_cause, WF_OK)
+INVARIANT(cancel_honoured, CANCEL_OK)
+INVARIANT(one_job_per_tick, TICKS_OK)
+
+/* Liveness, as never claims of the negated formulas (as spin writes them):
+ * all_final is <>[] ALL_FINAL (every job ends final and stays so), and
+ * every_tick is <> ALL_TICKS (every tick of the schedule gets its job).   */
+#define EVENTUALLY_ALWAYS(name, p) \
+never name { \
+T0_init: do \
+    :: (!(p)) -> goto accept_S9 \
+    :: (1) -> goto T0_init \
+    od; \
+accept_S9: do \
+    :: (1) -> goto T0_init \
+    od \
+}
+#define EVENTUALLY(name, p) \
+never name { \
+accept_init: do \
+    :: (!(p)) -> goto accept_init \
+    od \
+}
+
+EVENTUALLY_ALWAYS(all_final, ALL_FINAL)
+EVENTUALLY(every_tick, ALL_TICKS)

@@ -1,365 +1,1005 @@
 ------------------------------ MODULE Conveyor ------------------------------
 (***************************************************************************)
-(* The django-conveyor lease protocol.                                     *)
+(* The django-conveyor protocol: every statement of                        *)
+(* django_conveyor/protocol.py that changes conveyor_job is one action     *)
+(* here, named after its SQL constant, and executed atomically, as          *)
+(* PostgreSQL executes one statement (or one transaction).                 *)
 (*                                                                         *)
-(* One row of conveyor_job per job, a set of workers that each run a few   *)
-(* handler slots, a reaper, and an environment that kills workers (-9),    *)
-(* freezes them (SIGSTOP) and lets leases expire.  Every action is one SQL *)
-(* statement, executed atomically by PostgreSQL, and carries the name of   *)
-(* the statement constant in django_conveyor/protocol.py that it models:   *)
+(*   ENQUEUE  CLAIM  CLAIM_ISOLATED  HEARTBEAT  LOCK_FOR_EFFECT  COMPLETE  *)
+(*   RECORD_RESULT  RETRY  FAIL  SNOOZE  RELEASE  REAP  REQUEUE  CANCEL    *)
+(*   PRUNE  REQUEST_CANCEL  CANCEL_HELD  CRON_ENQUEUE                      *)
+(*   UNBLOCK, CANCEL_DEPENDENTS, REBLOCK_DEPENDENTS: the statements that   *)
+(*   run in the same transaction as COMPLETE, as the writes that make a    *)
+(*   job failed/dead/cancelled, and as REQUEUE (operators below).          *)
 (*                                                                         *)
-(*   ENQUEUE  CLAIM  HEARTBEAT  COMPLETE (= LOCK_FOR_EFFECT + COMPLETE in  *)
-(*   one transaction)  RETRY  FAIL  RELEASE  REAP                          *)
+(* Actions in CamelCase are not SQL: the handler's own effect (Effect),    *)
+(* a worker starting a claimed job (Start), PostgreSQL ending a guarded    *)
+(* transaction whose session went quiet (TxnTimeout), time (Tick, Clock),  *)
+(* faults (Crash, Freeze, Thaw) and a scheduler reading its schedule.      *)
 (*                                                                         *)
-(* A worker's local belief (the job and token a slot thinks it holds) is   *)
-(* kept apart from the row, so a worker that was frozen, or whose lease    *)
-(* expired while it was slow, is a zombie: it still believes, and still    *)
-(* tries to write its outcome with its old token.                          *)
+(* Each feature is switched on by constants, so that a configuration can   *)
+(* check one feature in a state space small enough for TLC:                *)
+(*   Isolation        crash containment (issue 8): isolated flag, Start,   *)
+(*                    CLAIM_ISOLATED, handlers that kill their worker      *)
+(*   Deps, RunAnyway  workflows (issue 12): blocked jobs and dependencies  *)
+(*   CancelRunning    cancelling a running job (issue 14)                  *)
+(*   MaxTick          cron (issue 11): one schedule, ticks 1..MaxTick      *)
+(*   TxnBound         PostgreSQL ends a guarded transaction whose worker   *)
+(*                    stopped talking to it (the bound of issue 10)        *)
+(*                                                                         *)
+(* Ghost state, for the properties only, records what the protocol is     *)
+(* supposed to achieve without reading the columns its guards compare:     *)
+(* which attempt made the latest claim of each job (claims), which one     *)
+(* holds the lease (holder), whose lease is live in real time (liveGid),   *)
+(* which one completed the job (completer), and the alarms raised when a   *)
+(* write lands that the protocol should have refused.  In a correct run   *)
+(* every ghost variable is a function of the real ones, so it adds no      *)
+(* states.                                                                 *)
 (***************************************************************************)
 EXTENDS Naturals, FiniteSets
 
 CONSTANTS
     Jobs,           \* job ids
-    Workers,        \* worker ids (lease_owner values)
-    Slots,          \* handler slots per worker (its concurrency)
+    Workers,        \* worker ids (lease_owner values); each also runs a scheduler
+    Concurrency,    \* handler slots per worker
     MaxAttempts,    \* conveyor_job.max_attempts
-    CrashBudget,    \* kill -9 events per behaviour
-    FreezeBudget,   \* SIGSTOP events per behaviour
-    ReleaseBudget,  \* graceful hand-backs (shutdowns) per behaviour
     NoWorker,       \* lease_owner IS NULL
-    NoJob,          \* a slot that believes it holds nothing
-    CheckVersion    \* TRUE: the real COMPLETE.  FALSE: a broken COMPLETE
-                    \* whose WHERE clause forgot "AND lease_version = %s"
+    NoJob,          \* "no job" (cause of a cancellation that no dependency caused)
+    \* ---- budgets: how often the environment or an operator acts per behaviour
+    CrashBudget, FreezeBudget, ReleaseBudget, SnoozeBudget,
+    RequeueBudget, CancelBudget, PruneBudget, CancelRequestBudget, CronSyncBudget,
+    \* ---- features
+    Atomic,         \* TRUE: handlers may use context.atomic() (the guarded transaction)
+    TxnBound,       \* TRUE: idle_in_transaction_session_timeout / statement_timeout
+                    \* end a guarded transaction whose worker went quiet
+    Isolation,      \* TRUE: the isolated flag, CLAIM_ISOLATED, claimed-not-started jobs
+    Crashers,       \* jobs whose handler kills its worker process (with Isolation)
+    Deps,           \* Deps[j]: the jobs j depends on (conveyor_dependency)
+    RunAnyway,      \* jobs with dependency_policy = 'run'; the others have 'cancel'
+    CancelRunning,  \* TRUE: REQUEST_CANCEL and CANCEL_HELD
+    MaxTick,        \* cron: ticks 1..MaxTick of one schedule (0: no cron)
+    MissedAll       \* cron: missed = 'all' (TRUE) or 'latest' (FALSE)
+
+Final     == {"completed", "failed", "dead", "cancelled"}
+Doomed    == {"failed", "dead", "cancelled"}
+States    == {"absent", "blocked", "available", "running", "pruned"} \cup Final
+Phases    == {"claimed", "run", "locked", "effect", "aborted", "done"}
+Workflows == \E j \in Jobs : Deps[j] # {}
+
+\* Claims per job are bounded: every claim uses an attempt, except those that
+\* RELEASE or SNOOZE give back, and REQUEUE hands out a fresh set.
+MaxClaims == (RequeueBudget + 1) * MaxAttempts + ReleaseBudget + SnoozeBudget
 
 ASSUME
-    /\ IsFiniteSet(Jobs) /\ IsFiniteSet(Workers) /\ IsFiniteSet(Slots)
-    /\ MaxAttempts \in Nat \ {0}
-    /\ {CrashBudget, FreezeBudget, ReleaseBudget} \subseteq Nat
-    /\ NoWorker \notin Workers
-    /\ NoJob \notin Jobs
-    /\ CheckVersion \in BOOLEAN
+    /\ IsFiniteSet(Jobs) /\ IsFiniteSet(Workers)
+    /\ Concurrency \in Nat \ {0} /\ MaxAttempts \in Nat \ {0}
+    /\ NoWorker \notin Workers /\ NoJob \notin Jobs
+    /\ {CrashBudget, FreezeBudget, ReleaseBudget, SnoozeBudget, RequeueBudget,
+        CancelBudget, PruneBudget, CancelRequestBudget, CronSyncBudget, MaxTick} \subseteq Nat
+    /\ {Atomic, TxnBound, Isolation, CancelRunning, MissedAll} \subseteq BOOLEAN
+    /\ Crashers \subseteq Jobs /\ (Crashers # {} => Isolation)
+    /\ Deps \in [Jobs -> SUBSET Jobs] /\ RunAnyway \subseteq Jobs
 
 VARIABLES
-    \* ---- the database row, conveyor_job ----
-    jstate,         \* state column
-    attempt,        \* attempt column
-    owner,          \* lease_owner
-    version,        \* lease_version: the fencing token
-    expired,        \* lease_expires_at < now() (abstract time)
-    effects,        \* ledger rows written by the job's handler
+    \* ---- conveyor_job, one row per job ----
+    jstate,     \* state ("absent": not inserted yet; "pruned": deleted by PRUNE)
+    attempt,    \* attempt
+    owner,      \* lease_owner
+    version,    \* lease_version: the fencing token
+    expired,    \* lease_expires_at < now() (database time, abstract)
+    lockedBy,   \* the claim (gid) whose open guarded transaction holds the row
+                \* lock (SELECT ... FOR UPDATE of LOCK_FOR_EFFECT); 0: none
+    isolated,   \* isolated
+    cancelReq,  \* cancel_requested_at IS NOT NULL
+    pending,    \* pending_dependencies
+    cause,      \* the dependency whose failure cancelled the job (CANCEL_DEPENDENTS)
+    \* ---- conveyor_ledger and the handler's business table ----
+    ledger,     \* the claim whose ledger row (job, effect key) committed; 0: none.
+                \* The unique (job, effect key) rule: there is at most one.
+    business,   \* committed business rows written by guarded effects (0..2)
     \* ---- the workers ----
-    view,           \* view[w][s]: the job and token slot s of w believes it holds
-    frozen,         \* frozen[w]: w was sent SIGSTOP
-    \* ---- history, for the invariants only ----
-    writes,         \* every outcome/effect write that landed
-    \* ---- environment budgets ----
-    crashesLeft, freezesLeft, releasesLeft
+    held,       \* held[w]: the attempts worker w believes it holds (a set of records)
+    frozen,     \* frozen[w]: SIGSTOP
+    \* ---- ghost state, for the properties only ----
+    claims,     \* number of claims of the job so far: the latest claim's id (gid)
+    holder,     \* the claim that holds the lease (0: none)
+    liveGid,    \* the claim whose lease has not expired in real time (0: none)
+    completer,  \* the claim whose COMPLETE landed (0: none)
+    lostTo,     \* attempts of the job ended by another job's crash (Isolation)
+    alarms,     \* writes that landed although the protocol should refuse them
+    left,       \* the budgets that remain
+    \* ---- cron: one schedule (conveyor_cron row) and its jobs ----
+    now,        \* the clock: ticks 1..now are due
+    nextTick,   \* conveyor_cron.next_tick_at
+    seen,       \* seen[w]: the tick worker w's scheduler read as due (0: none)
+    expect,     \* expect[w]: the next_tick_at it read with it
+    cronJobs    \* cronJobs[t]: jobs inserted for tick t
 
-rowVars    == <<jstate, attempt, owner, version, expired, effects>>
-workerVars == <<view, frozen>>
-budgetVars == <<crashesLeft, freezesLeft, releasesLeft>>
-vars       == <<rowVars, workerVars, writes, budgetVars>>
+row    == <<jstate, attempt, owner, version, expired, lockedBy, isolated,
+            cancelReq, pending, cause, ledger, business>>
+ghost  == <<claims, holder, liveGid, completer, lostTo, alarms>>
+cron   == <<now, nextTick, seen, expect, cronJobs>>
+vars   == <<row, held, frozen, ghost, left, cron>>
 
-States     == {"absent", "available", "running", "completed", "failed", "dead"}
-Final      == {"completed", "failed", "dead"}
-MaxVersion == MaxAttempts + ReleaseBudget   \* claims per job are bounded by this
-Empty      == [job |-> NoJob, tok |-> 0]
-View       == [job : Jobs \cup {NoJob}, tok : 0..MaxVersion]
-Write      == [job : Jobs, kind : {"complete", "retry", "fail", "release"},
-               by : Workers, token : 0..MaxVersion,
-               rowOwner : Workers \cup {NoWorker}, rowVersion : 0..MaxVersion]
+\* iso: the worker took it by CLAIM_ISOLATED (its belief); wasIso: ghost, the
+\* row was isolated when it was claimed (what the statement really took).
+Attempt == [job : Jobs, tok : 0..MaxClaims, gid : 1..MaxClaims, phase : Phases,
+            told : BOOLEAN, iso : BOOLEAN, wasIso : BOOLEAN]
 
 TypeOK ==
-    /\ jstate  \in [Jobs -> States]
-    /\ attempt \in [Jobs -> 0..MaxAttempts]
-    /\ owner   \in [Jobs -> Workers \cup {NoWorker}]
-    /\ version \in [Jobs -> 0..MaxVersion]
-    /\ expired \in [Jobs -> BOOLEAN]
-    /\ effects \in [Jobs -> Nat]
-    /\ view    \in [Workers -> [Slots -> View]]
-    /\ frozen  \in [Workers -> BOOLEAN]
-    /\ writes  \subseteq Write
-    /\ crashesLeft  \in 0..CrashBudget
-    /\ freezesLeft  \in 0..FreezeBudget
-    /\ releasesLeft \in 0..ReleaseBudget
+    /\ jstate    \in [Jobs -> States]
+    /\ attempt   \in [Jobs -> 0..MaxAttempts]
+    /\ owner     \in [Jobs -> Workers \cup {NoWorker}]
+    /\ version   \in [Jobs -> 0..MaxClaims]
+    /\ expired   \in [Jobs -> BOOLEAN]
+    /\ lockedBy  \in [Jobs -> 0..MaxClaims]
+    /\ isolated  \in [Jobs -> BOOLEAN]
+    /\ cancelReq \in [Jobs -> BOOLEAN]
+    /\ pending   \in [Jobs -> 0..Cardinality(Jobs)]
+    /\ cause     \in [Jobs -> Jobs \cup {NoJob}]
+    /\ ledger    \in [Jobs -> 0..MaxClaims]
+    /\ business  \in [Jobs -> 0..2]
+    /\ held      \in [Workers -> SUBSET Attempt]
+    /\ \A w \in Workers : Cardinality(held[w]) <= Concurrency
+    /\ frozen    \in [Workers -> BOOLEAN]
+    /\ claims    \in [Jobs -> 0..MaxClaims]
+    /\ holder    \in [Jobs -> 0..MaxClaims]
+    /\ liveGid   \in [Jobs -> 0..MaxClaims]
+    /\ completer \in [Jobs -> 0..MaxClaims]
+    /\ lostTo    \in [Jobs -> 0..MaxAttempts]
+    /\ now \in 0..MaxTick /\ nextTick \in 1..(MaxTick + 1)
+    /\ seen \in [Workers -> 0..MaxTick] /\ expect \in [Workers -> 0..(MaxTick + 1)]
+    /\ cronJobs \in [1..MaxTick -> 0..2]
 
 Init ==
-    /\ jstate  = [j \in Jobs |-> "absent"]
-    /\ attempt = [j \in Jobs |-> 0]
-    /\ owner   = [j \in Jobs |-> NoWorker]
-    /\ version = [j \in Jobs |-> 0]
-    /\ expired = [j \in Jobs |-> FALSE]
-    /\ effects = [j \in Jobs |-> 0]
-    /\ view    = [w \in Workers |-> [s \in Slots |-> Empty]]
-    /\ frozen  = [w \in Workers |-> FALSE]
-    /\ writes  = {}
-    /\ crashesLeft  = CrashBudget
-    /\ freezesLeft  = FreezeBudget
-    /\ releasesLeft = ReleaseBudget
+    /\ jstate    = [j \in Jobs |-> "absent"]
+    /\ attempt   = [j \in Jobs |-> 0]
+    /\ owner     = [j \in Jobs |-> NoWorker]
+    /\ version   = [j \in Jobs |-> 0]
+    /\ expired   = [j \in Jobs |-> FALSE]
+    /\ lockedBy  = [j \in Jobs |-> 0]
+    /\ isolated  = [j \in Jobs |-> FALSE]
+    /\ cancelReq = [j \in Jobs |-> FALSE]
+    /\ pending   = [j \in Jobs |-> 0]
+    /\ cause     = [j \in Jobs |-> NoJob]
+    /\ ledger    = [j \in Jobs |-> 0]
+    /\ business  = [j \in Jobs |-> 0]
+    /\ held      = [w \in Workers |-> {}]
+    /\ frozen    = [w \in Workers |-> FALSE]
+    /\ claims    = [j \in Jobs |-> 0]
+    /\ holder    = [j \in Jobs |-> 0]
+    /\ liveGid   = [j \in Jobs |-> 0]
+    /\ completer = [j \in Jobs |-> 0]
+    /\ lostTo    = [j \in Jobs |-> 0]
+    /\ alarms    = {}
+    /\ left = [crash |-> CrashBudget, freeze |-> FreezeBudget,
+               release |-> ReleaseBudget, snooze |-> SnoozeBudget,
+               requeue |-> RequeueBudget, cancel |-> CancelBudget,
+               prune |-> PruneBudget, request |-> CancelRequestBudget,
+               sync |-> CronSyncBudget]
+    /\ now = 0 /\ nextTick = 1
+    /\ seen = [w \in Workers |-> 0] /\ expect = [w \in Workers |-> 0]
+    /\ cronJobs = [t \in 1..MaxTick |-> 0]
 
 -----------------------------------------------------------------------------
 (* Helpers *)
 
-Holds(w, s) == view[w][s].job # NoJob
-JobOf(w, s) == view[w][s].job
-TokOf(w, s) == view[w][s].tok
+Spend(k)       == left' = [left EXCEPT ![k] = @ - 1]
+Replace(w, a, b) == held' = [held EXCEPT ![w] = (@ \ {a}) \cup {b}]
+Forget(w, a)   == held' = [held EXCEPT ![w] = @ \ {a}]
+Raise(kind, act, j) == {[kind |-> kind, act |-> act, job |-> j]}
 
-\* The WHERE clause of HEARTBEAT, COMPLETE, RETRY, FAIL and RELEASE:
+\* The WHERE clause that every write about a held job carries:
 \*   id = j AND state = 'running' AND lease_owner = w AND lease_version = tok
-Fence(w, s, j) ==
-    /\ jstate[j] = "running"
-    /\ owner[j] = w
-    /\ version[j] = TokOf(w, s)
+Fence(w, a) ==
+    /\ jstate[a.job] = "running"
+    /\ owner[a.job] = w
+    /\ version[a.job] = a.tok
 
-CompleteGuard(w, s, j) ==
-    IF CheckVersion THEN Fence(w, s, j)
-                    ELSE jstate[j] = "running" /\ owner[j] = w
+\* Each statement's own guard, kept apart so that a mutation can weaken one.
+GuardHEARTBEAT(w, a)       == Fence(w, a)
+GuardLOCK_FOR_EFFECT(w, a) == Fence(w, a) /\ ~cancelReq[a.job]
+GuardCOMPLETE(w, a)        == Fence(w, a)
+GuardRETRY(w, a)           == Fence(w, a)
+GuardFAIL(w, a)            == Fence(w, a)
+GuardSNOOZE(w, a)          == Fence(w, a)
+GuardRELEASE(w, a)         == Fence(w, a)
+GuardCANCEL_HELD(w, a)     == Fence(w, a) /\ cancelReq[a.job]
+\* RECORD_RESULT: id, state = 'completed', lease_owner, lease_version
+GuardRECORD_RESULT(w, a) ==
+    /\ jstate[a.job] = "completed"
+    /\ owner[a.job] = w
+    /\ version[a.job] = a.tok
 
-\* The slot forgets its job: outcome written, write rejected, or lease lost.
-Forget(w, s) == view' = [view EXCEPT ![w][s] = Empty]
+\* A write by attempt a landed: it must be the lease holder's (ghost check).
+Landed(a, act) == IF holder[a.job] = a.gid THEN {} ELSE Raise("stale", act, a.job)
 
-\* The row leaves 'running': the lease columns are cleared.
-EndLease(j) ==
-    /\ owner'   = [owner EXCEPT ![j] = NoWorker]
+\* The attempt's own write ended its lease.
+EndLease(j, a) ==
     /\ expired' = [expired EXCEPT ![j] = FALSE]
+    /\ holder'  = [holder EXCEPT ![j] = 0]
+    /\ liveGid' = [liveGid EXCEPT ![j] = IF @ = a.gid THEN 0 ELSE @]
 
-\* A write landed: remember the token it was written with and the row's
-\* lease columns at that moment.
-Record(w, s, j, kind) ==
-    writes' = writes \cup {[job |-> j, kind |-> kind, by |-> w,
-                            token |-> TokOf(w, s), rowOwner |-> owner[j],
-                            rowVersion |-> version[j]]}
+\* What a write that hands a running job back (RETRY, SNOOZE, RELEASE, REAP)
+\* makes of it when an operator asked to cancel it: cancelled, not available.
+HandBack(j, st) == IF cancelReq[j] THEN "cancelled" ELSE st
 
-\* Attempts used up: a retry or a reaped lease makes the job dead.
 AfterFailure(j) == IF attempt[j] >= MaxAttempts THEN "dead" ELSE "available"
+
+-----------------------------------------------------------------------------
+(* Workflows: what runs in the same transaction as a state change *)
+
+Sat(x, d, js)  == IF x \in RunAnyway THEN js[d] \in Final ELSE js[d] = "completed"
+Unsat(x, js)   == {d \in Deps[x] : ~Sat(x, d, js)}
+
+\* Blocked dependents with policy 'cancel' of the jobs in C, transitively.
+RECURSIVE CancelClosure(_, _)
+CancelClosure(C, n) ==
+    IF n = 0 THEN C
+    ELSE CancelClosure(C \cup {x \in Jobs : /\ jstate[x] = "blocked"
+                                            /\ x \notin RunAnyway
+                                            /\ Deps[x] \cap C # {}}, n - 1)
+
+\* The statement moves job j to state st.  With it, in the same transaction:
+\*   UNBLOCK (st = completed): each blocked dependent's pending_dependencies
+\*     is decremented; those that reach 0 become available.
+\*   CANCEL_DEPENDENTS (st failed, dead or cancelled): blocked dependents with
+\*     policy 'cancel' become cancelled, naming the dependency, transitively;
+\*     blocked dependents with policy 'run' are decremented like UNBLOCK.
+\* Returns the new state, pending and cause columns and the alarms raised.
+Moved(j, st) ==
+  IF ~Workflows
+  THEN [js |-> [jstate EXCEPT ![j] = st], pd |-> pending, cs |-> cause, al |-> {}]
+  ELSE
+    LET C      == IF st \in Doomed THEN CancelClosure({j}, Cardinality(Jobs)) \ {j}
+                                   ELSE {}
+        finals == (IF st \in Final THEN {j} ELSE {}) \cup C
+        js1    == [x \in Jobs |-> IF x = j THEN st
+                                  ELSE IF x \in C THEN "cancelled" ELSE jstate[x]]
+        dec(x) == Cardinality({d \in Deps[x] \cap finals : Sat(x, d, js1)})
+        pd     == [x \in Jobs |->
+                     IF x # j /\ js1[x] = "blocked" THEN pending[x] - dec(x)
+                     ELSE pending[x]]
+        js     == [x \in Jobs |->
+                     IF x # j /\ js1[x] = "blocked" /\ pd[x] = 0 THEN "available"
+                     ELSE js1[x]]
+        freed  == {x \in Jobs : x # j /\ js1[x] = "blocked" /\ js[x] = "available"}
+        cs     == [x \in Jobs |->
+                     IF x \in C THEN CHOOSE d \in Deps[x] : d \in C \cup {j}
+                     ELSE cause[x]]
+    IN [js |-> js, pd |-> pd, cs |-> cs,
+        al |-> {[kind |-> "early", act |-> "UNBLOCK", job |-> x] :
+                  x \in {y \in freed : Unsat(y, js) # {}}}]
+
+\* The three statements that run inside another one's transaction, by name:
+UNBLOCK(j)               == Moved(j, "completed")
+CANCEL_DEPENDENTS(j, st) == Moved(j, st)   \* st \in Doomed
+
+\* Apply the result of Moved, with the alarms of the statement itself.
+SetMoved(m, more) ==
+    /\ jstate'  = m.js
+    /\ pending' = m.pd
+    /\ cause'   = m.cs
+    /\ alarms'  = alarms \cup m.al \cup more
+
+\* REBLOCK_DEPENDENTS, for REQUEUE of j: the dependents that CANCEL_DEPENDENTS
+\* cancelled because of j, transitively, return to blocked -- unless another
+\* of their dependencies is still failed, dead or cancelled, in which case
+\* they stay cancelled and name that one instead.
+RECURSIVE Reblocked(_, _, _)
+Reblocked(j, R, n) ==
+    IF n = 0 THEN R
+    ELSE Reblocked(j, R \cup {x \in Jobs :
+                     /\ jstate[x] = "cancelled"
+                     /\ cause[x] \in {j} \cup R
+                     /\ \A d \in Deps[x] : d \in {j} \cup R \/ jstate[d] \notin Doomed},
+                   n - 1)
+
+REBLOCK_DEPENDENTS(j) == Reblocked(j, {}, Cardinality(Jobs))
 
 -----------------------------------------------------------------------------
 (* The protocol statements *)
 
-\* INSERT INTO conveyor_job (..., state) VALUES (..., 'available')
+\* A job may be enqueued once its dependencies exist; one with policy
+\* 'cancel' and a dependency already failed, dead or cancelled is refused.
+EnqueueAllowed(j) ==
+    /\ \A d \in Deps[j] : jstate[d] \notin {"absent", "pruned"}
+    /\ j \notin RunAnyway => \A d \in Deps[j] : jstate[d] \notin Doomed
+
+\* INSERT INTO conveyor_job (state, pending_dependencies, ...) and the rows of
+\* conveyor_dependency, in one transaction that locks the dependencies' rows
+\* (FOR SHARE), so that no dependency completes between the count and the
+\* commit: 'blocked' with the count of unfinished dependencies, or 'available'.
 ENQUEUE(j) ==
     /\ jstate[j] = "absent"
-    /\ jstate' = [jstate EXCEPT ![j] = "available"]
-    /\ UNCHANGED <<attempt, owner, version, expired, effects,
-                   workerVars, writes, budgetVars>>
+    /\ EnqueueAllowed(j)
+    /\ LET n == Cardinality(Unsat(j, jstate)) IN
+         /\ jstate'  = [jstate EXCEPT ![j] = IF n > 0 THEN "blocked" ELSE "available"]
+         /\ pending' = [pending EXCEPT ![j] = n]
+    /\ UNCHANGED <<attempt, owner, version, expired, lockedBy, isolated, cancelReq,
+                   cause, ledger, business, held, frozen, ghost, left, cron>>
 
-\* UPDATE ... SET state='running', attempt=attempt+1, lease_owner=w,
-\*   lease_version=lease_version+1, lease_expires_at=now()+lease
-\* FROM (SELECT id ... WHERE state='available' ... FOR UPDATE SKIP LOCKED)
-CLAIM(w, s, j) ==
-    /\ ~frozen[w]
-    /\ ~Holds(w, s)
-    /\ jstate[j] = "available"
+\* The new attempt that a claim hands to worker w.
+NewAttempt(j, iso) ==
+    [job |-> j, tok |-> version[j] + 1, gid |-> claims[j] + 1,
+     phase |-> IF Isolation THEN "claimed" ELSE "run", told |-> FALSE, iso |-> iso,
+     wasIso |-> isolated[j]]
+
+Claimed(w, j, iso) ==
     /\ jstate'  = [jstate EXCEPT ![j] = "running"]
     /\ attempt' = [attempt EXCEPT ![j] = @ + 1]
     /\ owner'   = [owner EXCEPT ![j] = w]
     /\ version' = [version EXCEPT ![j] = @ + 1]
     /\ expired' = [expired EXCEPT ![j] = FALSE]
-    /\ view'    = [view EXCEPT ![w][s] = [job |-> j, tok |-> version[j] + 1]]
-    /\ UNCHANGED <<effects, frozen, writes, budgetVars>>
+    /\ held'    = [held EXCEPT ![w] = @ \cup {NewAttempt(j, iso)}]
+    /\ claims'  = [claims EXCEPT ![j] = @ + 1]
+    /\ holder'  = [holder EXCEPT ![j] = claims[j] + 1]
+    /\ liveGid' = [liveGid EXCEPT ![j] = claims[j] + 1]
+    \* a second lease while another attempt's lease is still live; a job
+    \* that an operator asked to cancel running again; an isolated job taken
+    \* by CLAIM, with batch-mates, instead of alone by CLAIM_ISOLATED
+    /\ alarms'  = alarms \cup (IF liveGid[j] # 0 THEN Raise("double", "CLAIM", j) ELSE {})
+                         \cup (IF cancelReq[j] THEN Raise("rerun", "CLAIM", j) ELSE {})
+                         \cup (IF isolated[j] /\ ~iso THEN Raise("isolated", "CLAIM", j) ELSE {})
+    /\ UNCHANGED <<lockedBy, isolated, cancelReq, pending, cause, ledger, business,
+                   frozen, completer, lostTo, left, cron>>
+
+\* UPDATE ... SET state='running', attempt=attempt+1, lease_owner=w,
+\*   lease_version=lease_version+1, lease_expires_at=now()+lease
+\* FROM (SELECT id ... WHERE state='available' AND NOT isolated ...
+\*       FOR UPDATE SKIP LOCKED)
+CLAIM(w, j) ==
+    /\ ~frozen[w]
+    /\ Cardinality(held[w]) < Concurrency
+    /\ jstate[j] = "available"
+    /\ ~isolated[j]
+    /\ Claimed(w, j, FALSE)
+
+\* The same statement for one isolated job, LIMIT 1, taken only by a worker
+\* that holds no other isolated job and no claimed job it has not started.
+CLAIM_ISOLATED(w, j) ==
+    /\ Isolation
+    /\ ~frozen[w]
+    /\ Cardinality(held[w]) < Concurrency
+    /\ \A a \in held[w] : ~a.iso /\ a.phase # "claimed"
+    /\ jstate[j] = "available"
+    /\ isolated[j]
+    /\ Claimed(w, j, TRUE)
 
 \* UPDATE ... SET lease_expires_at = now()+lease
-\*   WHERE id=j AND state='running' AND lease_owner=w AND lease_version=tok
-\* Zero rows: the lease is lost; the handler is told and writes nothing.
-HEARTBEAT(w, s) ==
+\*   WHERE id, state='running', lease_owner=w, lease_version=tok
+\*   FOR UPDATE SKIP LOCKED  (RETURNING the cancel request)
+\* A row locked by the worker's own guarded transaction is skipped: neither
+\* renewed nor lost.  Zero rows otherwise: the lease is lost; the handler is
+\* told and no outcome is written.  A renewal that changes nothing is a
+\* stuttering step and is left out.
+HEARTBEAT(w, a) ==
     /\ ~frozen[w]
-    /\ Holds(w, s)
-    /\ LET j == JobOf(w, s) IN
-         IF Fence(w, s, j)
-         THEN /\ expired' = [expired EXCEPT ![j] = FALSE]
-              /\ UNCHANGED view
-         ELSE /\ Forget(w, s)
-              /\ UNCHANGED expired
-    /\ UNCHANGED <<jstate, attempt, owner, version, effects,
-                   frozen, writes, budgetVars>>
+    /\ a \in held[w]
+    /\ a.phase \in {"claimed", "run", "aborted"}
+    /\ LET j == a.job IN
+       IF GuardHEARTBEAT(w, a)
+       THEN /\ expired[j] \/ liveGid[j] # a.gid \/ (cancelReq[j] /\ ~a.told)
+            /\ expired' = [expired EXCEPT ![j] = FALSE]
+            /\ liveGid' = [liveGid EXCEPT ![j] = a.gid]
+            /\ Replace(w, a, [a EXCEPT !.told = cancelReq[j]])
+            /\ alarms'  = alarms \cup Landed(a, "HEARTBEAT")
+       ELSE /\ Forget(w, a)
+            /\ UNCHANGED <<expired, liveGid, alarms>>
+    /\ UNCHANGED <<jstate, attempt, owner, version, lockedBy, isolated, cancelReq,
+                   pending, cause, ledger, business, frozen, claims, holder,
+                   completer, lostTo, left, cron>>
 
-\* LOCK_FOR_EFFECT + COMPLETE, one transaction: lock the row guarded by the
-\* token, apply the handler's ORM writes (the effect), then
-\*   UPDATE ... SET state='completed' WHERE id, state='running', owner, version
-\* If the guard fails the transaction rolls back, effect included.
-COMPLETE(w, s) ==
+\* The first statement of context.atomic():
+\*   SELECT id FROM conveyor_job WHERE id, state='running', lease_owner,
+\*   lease_version, cancel_requested_at IS NULL FOR UPDATE
+\* The row lock is held until the transaction ends.  Zero rows: the handler
+\* gets LeaseLost, nothing is committed and the worker writes no outcome.
+LOCK_FOR_EFFECT(w, a) ==
+    /\ Atomic
     /\ ~frozen[w]
-    /\ Holds(w, s)
-    /\ LET j == JobOf(w, s) IN
-         IF CompleteGuard(w, s, j)
-         THEN /\ jstate'  = [jstate EXCEPT ![j] = "completed"]
-              /\ effects' = [effects EXCEPT ![j] = @ + 1]
-              /\ EndLease(j)
-              /\ Record(w, s, j, "complete")
-         ELSE UNCHANGED <<jstate, effects, owner, expired, writes>>
-    /\ Forget(w, s)
-    /\ UNCHANGED <<attempt, version, frozen, budgetVars>>
+    /\ a \in held[w]
+    /\ a.phase = "run"
+    /\ LET j == a.job IN
+       IF GuardLOCK_FOR_EFFECT(w, a)
+       THEN /\ lockedBy[j] = 0      \* FOR UPDATE waits for another lock holder
+            /\ lockedBy' = [lockedBy EXCEPT ![j] = a.gid]
+            /\ Replace(w, a, [a EXCEPT !.phase = "locked"])
+            /\ alarms' = alarms \cup Landed(a, "LOCK_FOR_EFFECT")
+       ELSE /\ Forget(w, a)
+            /\ UNCHANGED <<lockedBy, alarms>>
+    /\ UNCHANGED <<jstate, attempt, owner, version, expired, isolated, cancelReq,
+                   pending, cause, ledger, business, frozen, claims, holder,
+                   liveGid, completer, lostTo, left, cron>>
 
-\* UPDATE ... SET state = CASE WHEN attempt >= max_attempts THEN 'dead'
-\*   ELSE 'available' END, run_after = now()+backoff, errors = errors || ...
+\* The handler's database work inside context.atomic(): a business row and
+\* the ledger row (job, effect key), not yet committed.  The ledger's unique
+\* (job, effect key) rule: once a row for the job is committed, the insert
+\* raises, and the attempt can only roll back (RETRY or FAIL below).
+Effect(w, a) ==
+    /\ ~frozen[w]
+    /\ a \in held[w]
+    /\ a.phase = "locked"
+    /\ ledger[a.job] = 0
+    /\ Replace(w, a, [a EXCEPT !.phase = "effect"])
+    /\ UNCHANGED <<row, frozen, ghost, left, cron>>
+
+\* The handler returned: the worker's batch writes
+\*   UPDATE ... SET state='completed', return_value, finished_at
 \*   WHERE id, state='running', lease_owner, lease_version
-RETRY(w, s) ==
+\* keeping lease_owner, with UNBLOCK in the same transaction.  Inside
+\* context.atomic() the same statement commits with the handler's effect;
+\* zero rows there roll the effect back.  Either way only the ids COMPLETE
+\* really wrote are unblocked.
+COMPLETE(w, a) ==
     /\ ~frozen[w]
-    /\ Holds(w, s)
-    /\ LET j == JobOf(w, s) IN
-         IF Fence(w, s, j)
-         THEN /\ jstate' = [jstate EXCEPT ![j] = AfterFailure(j)]
-              /\ EndLease(j)
-              /\ Record(w, s, j, "retry")
-         ELSE UNCHANGED <<jstate, owner, expired, writes>>
-    /\ Forget(w, s)
-    /\ UNCHANGED <<attempt, version, effects, frozen, budgetVars>>
+    /\ a \in held[w]
+    /\ a.phase \in {"run", "effect"}
+    /\ LET j == a.job
+           guarded == a.phase = "effect"
+       IN
+       /\ IF GuardCOMPLETE(w, a)
+          THEN LET m == UNBLOCK(j) IN
+               /\ SetMoved(m, Landed(a, "COMPLETE")
+                    \cup (IF guarded /\ cancelReq[j]
+                          THEN Raise("cancelled effect", "COMPLETE", j) ELSE {}))
+               /\ EndLease(j, a)
+               /\ completer' = [completer EXCEPT ![j] = a.gid]
+               /\ isolated'  = [isolated EXCEPT ![j] = FALSE]
+               /\ IF guarded
+                  THEN /\ ledger'   = [ledger EXCEPT ![j] = a.gid]
+                       /\ business' = [business EXCEPT ![j] = IF @ < 2 THEN @ + 1 ELSE 2]
+                       /\ Replace(w, a, [a EXCEPT !.phase = "done"])
+                  ELSE /\ Forget(w, a)
+                       /\ UNCHANGED <<ledger, business>>
+          ELSE /\ Forget(w, a)
+               /\ UNCHANGED <<jstate, pending, cause, expired, holder, liveGid,
+                              completer, isolated, ledger, business, alarms>>
+       /\ lockedBy' = [lockedBy EXCEPT ![j] = IF guarded THEN 0 ELSE @]
+    /\ UNCHANGED <<attempt, owner, version, cancelReq, frozen, claims, lostTo, left, cron>>
+
+\* After the guarded commit, the batch stores the return value:
+\*   UPDATE ... SET return_value WHERE id, state='completed', lease_owner, lease_version
+RECORD_RESULT(w, a) ==
+    /\ ~frozen[w]
+    /\ a \in held[w]
+    /\ a.phase = "done"
+    /\ alarms' = alarms \cup
+         (IF GuardRECORD_RESULT(w, a) /\ completer[a.job] # a.gid
+          THEN Raise("stale", "RECORD_RESULT", a.job) ELSE {})
+    /\ Forget(w, a)
+    /\ UNCHANGED <<row, frozen, claims, holder, liveGid, completer, lostTo, left, cron>>
+
+\* The handler raised (inside context.atomic() the transaction rolls back
+\* first, releasing the row lock); the batch writes
+\*   UPDATE ... SET state = CASE WHEN attempt >= max_attempts THEN 'dead'
+\*   ELSE 'available' END, run_after = now()+backoff, errors = errors || ...,
+\*   lease_owner = NULL, isolated = false
+\*   WHERE id, state='running', lease_owner, lease_version
+\* with CANCEL_DEPENDENTS when it makes the job dead.
+RETRY(w, a) ==
+    /\ ~frozen[w]
+    /\ a \in held[w]
+    /\ a.phase \in {"run", "locked", "effect", "aborted"}
+    /\ LET j == a.job IN
+       /\ IF GuardRETRY(w, a)
+          THEN /\ SetMoved(Moved(j, HandBack(j, AfterFailure(j))), Landed(a, "RETRY"))
+               /\ owner'    = [owner EXCEPT ![j] = NoWorker]
+               /\ EndLease(j, a)
+               /\ isolated' = [isolated EXCEPT ![j] = FALSE]
+          ELSE UNCHANGED <<jstate, pending, cause, alarms, owner, expired, holder,
+                           liveGid, isolated>>
+       /\ lockedBy' = [lockedBy EXCEPT ![j] = IF lockedBy[j] = a.gid THEN 0 ELSE @]
+    /\ Forget(w, a)
+    /\ UNCHANGED <<attempt, version, cancelReq, ledger, business, frozen, claims,
+                   completer, lostTo, left, cron>>
 
 \* The handler raised Discard:
-\*   UPDATE ... SET state='failed' WHERE id, state='running', owner, version
-FAIL(w, s) ==
-    /\ ~frozen[w]
-    /\ Holds(w, s)
-    /\ LET j == JobOf(w, s) IN
-         IF Fence(w, s, j)
-         THEN /\ jstate' = [jstate EXCEPT ![j] = "failed"]
-              /\ EndLease(j)
-              /\ Record(w, s, j, "fail")
-         ELSE UNCHANGED <<jstate, owner, expired, writes>>
-    /\ Forget(w, s)
-    /\ UNCHANGED <<attempt, version, effects, frozen, budgetVars>>
-
-\* Graceful shutdown hands an unfinished lease back at once:
-\*   UPDATE ... SET state='available', attempt=attempt-1
+\*   UPDATE ... SET state='failed', lease_owner = NULL, isolated = false
 \*   WHERE id, state='running', lease_owner, lease_version
-\* (the hand-back does not use up an attempt).
-RELEASE(w, s) ==
+\* with CANCEL_DEPENDENTS.
+FAIL(w, a) ==
     /\ ~frozen[w]
-    /\ Holds(w, s)
-    /\ releasesLeft > 0
-    /\ releasesLeft' = releasesLeft - 1
-    /\ LET j == JobOf(w, s) IN
-         IF Fence(w, s, j)
-         THEN /\ jstate'  = [jstate EXCEPT ![j] = "available"]
-              /\ attempt' = [attempt EXCEPT ![j] = @ - 1]
-              /\ EndLease(j)
-              /\ Record(w, s, j, "release")
-         ELSE UNCHANGED <<jstate, attempt, owner, expired, writes>>
-    /\ Forget(w, s)
-    /\ UNCHANGED <<version, effects, frozen, crashesLeft, freezesLeft>>
+    /\ a \in held[w]
+    /\ a.phase \in {"run", "locked", "effect", "aborted"}
+    /\ LET j == a.job IN
+       /\ IF GuardFAIL(w, a)
+          THEN /\ SetMoved(CANCEL_DEPENDENTS(j, "failed"), Landed(a, "FAIL"))
+               /\ owner'    = [owner EXCEPT ![j] = NoWorker]
+               /\ EndLease(j, a)
+               /\ isolated' = [isolated EXCEPT ![j] = FALSE]
+          ELSE UNCHANGED <<jstate, pending, cause, alarms, owner, expired, holder,
+                           liveGid, isolated>>
+       /\ lockedBy' = [lockedBy EXCEPT ![j] = IF lockedBy[j] = a.gid THEN 0 ELSE @]
+    /\ Forget(w, a)
+    /\ UNCHANGED <<attempt, version, cancelReq, ledger, business, frozen, claims,
+                   completer, lostTo, left, cron>>
 
-\* UPDATE ... SET state = CASE WHEN attempt >= max_attempts THEN 'dead'
-\*   ELSE 'available' END, lease_owner = NULL, errors = errors || 'lease lost'
-\*   WHERE state='running' AND lease_expires_at < now()   (database time)
-\* No owner in the guard: the reaper acts for nobody.
+\* The handler raised Snooze:
+\*   UPDATE ... SET state='available', attempt=attempt-1, run_after=now()+delay,
+\*   lease_owner = NULL, isolated = false WHERE id, state='running', owner, version
+SNOOZE(w, a) ==
+    /\ ~frozen[w]
+    /\ a \in held[w]
+    /\ a.phase \in {"run", "locked", "effect"}
+    /\ left.snooze > 0
+    /\ Spend("snooze")
+    /\ LET j == a.job IN
+       /\ IF GuardSNOOZE(w, a)
+          THEN /\ SetMoved(Moved(j, HandBack(j, "available")), Landed(a, "SNOOZE"))
+               /\ attempt'  = [attempt EXCEPT ![j] = @ - 1]
+               /\ owner'    = [owner EXCEPT ![j] = NoWorker]
+               /\ EndLease(j, a)
+               /\ isolated' = [isolated EXCEPT ![j] = FALSE]
+          ELSE UNCHANGED <<jstate, pending, cause, alarms, attempt, owner, expired,
+                           holder, liveGid, isolated>>
+       /\ lockedBy' = [lockedBy EXCEPT ![j] = IF lockedBy[j] = a.gid THEN 0 ELSE @]
+    /\ Forget(w, a)
+    /\ UNCHANGED <<version, cancelReq, ledger, business, frozen, claims, completer,
+                   lostTo, cron>>
+
+\* Graceful shutdown hands an unfinished lease back at once (the attempt is
+\* given back; isolated is kept):
+\*   UPDATE ... SET state='available', attempt=attempt-1, lease_owner = NULL
+\*   WHERE id, state='running', lease_owner, lease_version
+\* A row locked by the attempt's own open guarded transaction would make the
+\* statement wait for it, so it is not released then.
+RELEASE(w, a) ==
+    /\ ~frozen[w]
+    /\ a \in held[w]
+    /\ a.phase \in {"claimed", "run", "aborted"}
+    /\ left.release > 0
+    /\ Spend("release")
+    /\ LET j == a.job IN
+       IF GuardRELEASE(w, a)
+       THEN /\ SetMoved(Moved(j, HandBack(j, "available")), Landed(a, "RELEASE"))
+            /\ attempt' = [attempt EXCEPT ![j] = @ - 1]
+            /\ owner'   = [owner EXCEPT ![j] = NoWorker]
+            /\ EndLease(j, a)
+       ELSE UNCHANGED <<jstate, pending, cause, alarms, attempt, owner, expired,
+                        holder, liveGid>>
+    /\ Forget(w, a)
+    /\ UNCHANGED <<version, lockedBy, isolated, cancelReq, ledger, business, frozen,
+                   claims, completer, lostTo, cron>>
+
+\* The worker learnt from HEARTBEAT that an operator asked to cancel a job it
+\* holds:
+\*   UPDATE ... SET state='cancelled', lease_owner = NULL, isolated = false,
+\*   errors = errors || 'cancelled while running, by ...', history = ...
+\*   WHERE id, state='running', lease_owner, lease_version
+\* with CANCEL_DEPENDENTS.  The handler's own outcome then matches nothing.
+CANCEL_HELD(w, a) ==
+    /\ CancelRunning
+    /\ ~frozen[w]
+    /\ a \in held[w]
+    /\ a.told
+    /\ a.phase \in {"claimed", "run", "aborted"}
+    /\ LET j == a.job IN
+       IF GuardCANCEL_HELD(w, a)
+       THEN /\ SetMoved(CANCEL_DEPENDENTS(j, "cancelled"), Landed(a, "CANCEL_HELD"))
+            /\ owner'    = [owner EXCEPT ![j] = NoWorker]
+            /\ EndLease(j, a)
+            /\ isolated' = [isolated EXCEPT ![j] = FALSE]
+       ELSE UNCHANGED <<jstate, pending, cause, alarms, owner, expired, holder,
+                        liveGid, isolated>>
+    /\ Forget(w, a)
+    /\ UNCHANGED <<attempt, version, lockedBy, cancelReq, ledger, business, frozen,
+                   claims, completer, lostTo, left, cron>>
+
+\* UPDATE ... SET state = CASE WHEN cancel_requested_at IS NOT NULL THEN
+\*   'cancelled' WHEN attempt >= max_attempts THEN 'dead' ELSE 'available' END,
+\*   isolated = (state becomes 'available'), lease_owner = NULL,
+\*   errors = errors || 'lease lost'
+\* FROM (SELECT ... WHERE state='running' AND lease_expires_at < now()
+\*       FOR UPDATE SKIP LOCKED)
+\* with CANCEL_DEPENDENTS when the job becomes dead or cancelled.  No owner
+\* in the guard: the reaper acts for nobody.  SKIP LOCKED: a row locked by a
+\* guarded transaction is left alone.
 REAP(j) ==
     /\ jstate[j] = "running"
     /\ expired[j]
-    /\ jstate' = [jstate EXCEPT ![j] = AfterFailure(j)]
-    /\ EndLease(j)
-    /\ UNCHANGED <<attempt, version, effects, workerVars, writes, budgetVars>>
+    /\ lockedBy[j] = 0
+    /\ LET st == HandBack(j, AfterFailure(j)) IN
+       /\ SetMoved(Moved(j, st), {})
+       /\ isolated' = [isolated EXCEPT ![j] = Isolation /\ st = "available"]
+    /\ owner'   = [owner EXCEPT ![j] = NoWorker]
+    /\ expired' = [expired EXCEPT ![j] = FALSE]
+    /\ holder'  = [holder EXCEPT ![j] = 0]
+    /\ UNCHANGED <<attempt, version, lockedBy, cancelReq, ledger, business, held,
+                   frozen, claims, liveGid, completer, lostTo, left, cron>>
+
+\* An operator gives a failed, dead or cancelled job a fresh set of attempts:
+\*   UPDATE ... SET state = 'available' (or 'blocked' while dependencies are
+\*   unfinished), attempt = 0, isolated = false, cancel_requested_at = NULL
+\*   WHERE id AND state IN ('failed', 'dead', 'cancelled')
+\* with REBLOCK_DEPENDENTS.  A job with policy 'cancel' whose dependency is
+\* failed, dead or cancelled is refused: requeue that dependency instead.
+REQUEUE(j) ==
+    /\ left.requeue > 0
+    /\ jstate[j] \in Doomed
+    /\ j \in RunAnyway \/ \A d \in Deps[j] : jstate[d] \notin Doomed
+    /\ Spend("requeue")
+    /\ LET R     == REBLOCK_DEPENDENTS(j)
+           back  == R \cup {j}
+           stuck == {x \in Jobs : /\ jstate[x] = "cancelled" /\ cause[x] \in back
+                                  /\ \E e \in Deps[x] : e \notin back /\ jstate[e] \in Doomed}
+           js0   == [x \in Jobs |-> IF x \in back THEN "blocked" ELSE jstate[x]]
+           own(x) == Cardinality(Unsat(x, js0))
+           js    == [js0 EXCEPT ![j] = IF own(j) = 0 THEN "available" ELSE "blocked"]
+       IN
+       /\ jstate'  = js
+       /\ pending' = [x \in Jobs |->
+                        IF x \in back THEN own(x)
+                        ELSE IF jstate[x] = "blocked" /\ x \in RunAnyway
+                             THEN pending[x] + Cardinality(Deps[x] \cap back)
+                             ELSE pending[x]]
+       /\ cause'   = [x \in Jobs |->
+                        IF x \in back THEN NoJob
+                        ELSE IF x \in stuck
+                             THEN CHOOSE e \in Deps[x] : e \notin back /\ jstate[e] \in Doomed
+                             ELSE cause[x]]
+    /\ attempt'   = [attempt EXCEPT ![j] = 0]
+    /\ isolated'  = [isolated EXCEPT ![j] = FALSE]
+    /\ cancelReq' = [cancelReq EXCEPT ![j] = FALSE]
+    /\ UNCHANGED <<owner, version, expired, lockedBy, ledger, business, held, frozen,
+                   ghost, cron>>
+
+\* UPDATE ... SET state='cancelled' WHERE id AND state IN ('blocked', 'available')
+\* with CANCEL_DEPENDENTS.
+CANCEL(j) ==
+    /\ left.cancel > 0
+    /\ jstate[j] \in {"blocked", "available"}
+    /\ Spend("cancel")
+    /\ SetMoved(CANCEL_DEPENDENTS(j, "cancelled"), {})
+    /\ UNCHANGED <<attempt, owner, version, expired, lockedBy, isolated, cancelReq,
+                   ledger, business, held, frozen, claims, holder, liveGid,
+                   completer, lostTo, cron>>
+
+\* DELETE FROM conveyor_ledger / conveyor_job WHERE state IN (final states)
+\* AND finished_at < now() - retention (FOR UPDATE SKIP LOCKED).  The model
+\* does not prune a job that another job depends on.
+PRUNE(j) ==
+    /\ left.prune > 0
+    /\ jstate[j] \in Final
+    /\ \A x \in Jobs : j \notin Deps[x]
+    /\ Spend("prune")
+    /\ jstate' = [jstate EXCEPT ![j] = "pruned"]
+    /\ ledger' = [ledger EXCEPT ![j] = 0]
+    /\ UNCHANGED <<attempt, owner, version, expired, lockedBy, isolated, cancelReq,
+                   pending, cause, business, held, frozen, ghost, cron>>
+
+\* An operator asks to cancel a running job (any token; no state change):
+\*   UPDATE ... SET cancel_requested_at = now(), cancel_requested_by, history
+\*   WHERE id AND state = 'running'
+\* It waits for the row lock of a guarded transaction.
+REQUEST_CANCEL(j) ==
+    /\ CancelRunning
+    /\ left.request > 0
+    /\ jstate[j] = "running"
+    /\ lockedBy[j] = 0
+    /\ ~cancelReq[j]
+    /\ Spend("request")
+    /\ cancelReq' = [cancelReq EXCEPT ![j] = TRUE]
+    /\ UNCHANGED <<jstate, attempt, owner, version, expired, lockedBy, isolated,
+                   pending, cause, ledger, business, held, frozen, ghost, cron>>
+
+\* The scheduler enqueues tick t of the schedule, in one statement guarded
+\* by the schedule row it read:
+\*   WITH due AS (SELECT id FROM conveyor_cron WHERE id AND enabled AND
+\*                next_tick_at = <what it read> FOR UPDATE SKIP LOCKED)
+\*   INSERT INTO conveyor_job (..., idempotency_key = 'cron:<name>:<tick UTC>')
+\*     SELECT ... FROM due ON CONFLICT (idempotency_key) DO NOTHING,
+\*   UPDATE conveyor_cron SET last_tick_at = t, next_tick_at = <after t> FROM due
+\* A scheduler that read a row another one has advanced since writes nothing.
+CRON_ENQUEUE(w) ==
+    /\ ~frozen[w]
+    /\ seen[w] # 0
+    /\ LET t == seen[w] IN
+       IF nextTick = expect[w]
+       THEN /\ cronJobs' = [cronJobs EXCEPT ![t] = IF @ = 0 THEN 1 ELSE @]
+            /\ nextTick' = t + 1
+       ELSE UNCHANGED <<cronJobs, nextTick>>
+    /\ seen'   = [seen EXCEPT ![w] = 0]
+    /\ expect' = [expect EXCEPT ![w] = 0]
+    /\ UNCHANGED <<row, held, frozen, ghost, left, now>>
 
 -----------------------------------------------------------------------------
-(* The environment *)
+(* The handler, the server and the environment *)
+
+\* The worker hands a claimed job to a free handler.  A handler in Crashers
+\* kills the worker process (os._exit): every job the worker holds loses
+\* its attempt with it.
+Start(w, a) ==
+    /\ Isolation
+    /\ ~frozen[w]
+    /\ a \in held[w]
+    /\ a.phase = "claimed"
+    /\ IF a.job \in Crashers
+       THEN LET victims == {v.job : v \in {u \in held[w] \ {a} : holder[u.job] = u.gid}}
+                mine    == {u \in held[w] : u.phase \in {"locked", "effect"}}
+            IN
+            /\ held'     = [held EXCEPT ![w] = {}]
+            /\ lockedBy' = [j \in Jobs |->
+                              IF \E b \in mine : b.job = j /\ lockedBy[j] = b.gid
+                              THEN 0 ELSE lockedBy[j]]
+            /\ lostTo'   = [j \in Jobs |->
+                              IF j \in victims /\ lostTo[j] < MaxAttempts
+                              THEN lostTo[j] + 1 ELSE lostTo[j]]
+            /\ seen'     = [seen EXCEPT ![w] = 0]
+            /\ expect'   = [expect EXCEPT ![w] = 0]
+       ELSE /\ Replace(w, a, [a EXCEPT !.phase = "run"])
+            /\ UNCHANGED <<lockedBy, lostTo, seen, expect>>
+    /\ UNCHANGED <<jstate, attempt, owner, version, expired, isolated, cancelReq,
+                   pending, cause, ledger, business, frozen, claims, holder, liveGid,
+                   completer, alarms, left, now, nextTick, cronJobs>>
+
+\* PostgreSQL ends a guarded transaction whose session has been idle for
+\* longer than idle_in_transaction_session_timeout (or whose statement ran
+\* past statement_timeout): the backend exits, the transaction rolls back,
+\* the row lock is released.  The worker does not know until it next uses
+\* the connection; its commit then fails.
+TxnTimeout(w, a) ==
+    /\ TxnBound
+    /\ a \in held[w]
+    /\ a.phase \in {"locked", "effect"}
+    /\ lockedBy' = [lockedBy EXCEPT ![a.job] = IF @ = a.gid THEN 0 ELSE @]
+    /\ Replace(w, a, [a EXCEPT !.phase = "aborted"])
+    /\ UNCHANGED <<jstate, attempt, owner, version, expired, isolated, cancelReq,
+                   pending, cause, ledger, business, frozen, ghost, left, cron>>
 
 \* Time passes a lease's expiry: no heartbeat came in time.
 Tick(j) ==
     /\ jstate[j] = "running"
     /\ ~expired[j]
     /\ expired' = [expired EXCEPT ![j] = TRUE]
-    /\ UNCHANGED <<jstate, attempt, owner, version, effects,
-                   workerVars, writes, budgetVars>>
+    /\ liveGid' = [liveGid EXCEPT ![j] = 0]
+    /\ UNCHANGED <<jstate, attempt, owner, version, lockedBy, isolated, cancelReq,
+                   pending, cause, ledger, business, held, frozen, claims, holder,
+                   completer, lostTo, alarms, left, cron>>
 
-\* kill -9: the process restarts at once with empty memory; its leases
-\* are simply left to expire.
+\* kill -9: the process restarts at once with empty memory.  Its connections
+\* close, so PostgreSQL rolls back its open transactions and their row locks
+\* go; its leases are left to expire.
 Crash(w) ==
-    /\ crashesLeft > 0
-    /\ crashesLeft' = crashesLeft - 1
-    /\ view'   = [view EXCEPT ![w] = [s \in Slots |-> Empty]]
-    /\ frozen' = [frozen EXCEPT ![w] = FALSE]
-    /\ UNCHANGED <<rowVars, writes, freezesLeft, releasesLeft>>
+    /\ left.crash > 0
+    /\ Spend("crash")
+    /\ held'     = [held EXCEPT ![w] = {}]
+    /\ frozen'   = [frozen EXCEPT ![w] = FALSE]
+    /\ lockedBy' = [j \in Jobs |->
+                      IF \E b \in held[w] : b.job = j /\ lockedBy[j] = b.gid
+                      THEN 0 ELSE lockedBy[j]]
+    /\ seen'     = [seen EXCEPT ![w] = 0]
+    /\ expect'   = [expect EXCEPT ![w] = 0]
+    /\ UNCHANGED <<jstate, attempt, owner, version, expired, isolated, cancelReq,
+                   pending, cause, ledger, business, ghost, now, nextTick, cronJobs>>
 
-\* SIGSTOP: the worker keeps its beliefs but takes no step.
+\* SIGSTOP: the worker keeps its beliefs (and its open transactions) but
+\* takes no step.  SIGCONT: it resumes with whatever it believed.
 Freeze(w) ==
-    /\ freezesLeft > 0
+    /\ left.freeze > 0
     /\ ~frozen[w]
-    /\ freezesLeft' = freezesLeft - 1
+    /\ Spend("freeze")
     /\ frozen' = [frozen EXCEPT ![w] = TRUE]
-    /\ UNCHANGED <<rowVars, view, writes, crashesLeft, releasesLeft>>
+    /\ UNCHANGED <<row, held, ghost, cron>>
 
-\* SIGCONT: it resumes with whatever it believed.
 Thaw(w) ==
     /\ frozen[w]
     /\ frozen' = [frozen EXCEPT ![w] = FALSE]
-    /\ UNCHANGED <<rowVars, view, writes, budgetVars>>
+    /\ UNCHANGED <<row, held, ghost, left, cron>>
 
-\* All jobs are final and nothing else happens: not a deadlock.
+\* Cron: time reaches the next tick.
+Clock ==
+    /\ now < MaxTick
+    /\ now' = now + 1
+    /\ UNCHANGED <<row, held, frozen, ghost, left, nextTick, seen, expect, cronJobs>>
+
+\* A scheduler pass reads the schedule row (SELECT ... WHERE next_tick_at <=
+\* now()) and picks the tick to enqueue: the next one (missed = 'all') or the
+\* latest one that is due (missed = 'latest').
+SchedulerRead(w) ==
+    /\ ~frozen[w]
+    /\ seen[w] = 0
+    /\ nextTick <= now
+    /\ seen'   = [seen EXCEPT ![w] = IF MissedAll THEN nextTick ELSE now]
+    /\ expect' = [expect EXCEPT ![w] = nextTick]
+    /\ UNCHANGED <<row, held, frozen, ghost, left, now, nextTick, cronJobs>>
+
+\* The schedule row is rewritten outside the scheduler -- the settings sync
+\* at a worker's start, an edit or a re-enable in the admin -- and its
+\* next_tick_at recomputed from the clock, back to a tick whose job exists
+\* already.  Then only the idempotency key keeps the tick to one job.
+CronSync ==
+    /\ left.sync > 0
+    /\ Spend("sync")
+    /\ \E t \in 1..(nextTick - 1) : nextTick' = t
+    /\ UNCHANGED <<row, held, frozen, ghost, now, seen, expect, cronJobs>>
+
+\* Every job is final (or was never enqueued, or a refused enqueue) and no
+\* tick is left: nothing more happens, which is not a deadlock.
 Finished ==
-    /\ \A j \in Jobs : jstate[j] \in Final
+    /\ \A j \in Jobs : \/ jstate[j] \in Final \cup {"pruned"}
+                       \/ jstate[j] = "absent" /\ ~EnqueueAllowed(j)
+    /\ now = MaxTick /\ nextTick > MaxTick
     /\ UNCHANGED vars
 
 -----------------------------------------------------------------------------
 (* The specification *)
 
-\* The outcome a handler reports when it returns or raises.
-Finish(w, s) == COMPLETE(w, s) \/ RETRY(w, s) \/ FAIL(w, s)
+\* An attempt's step of progress: its handler starts, locks, writes, ends.
+Progress(w, a) ==
+    \/ Start(w, a) \/ LOCK_FOR_EFFECT(w, a) \/ Effect(w, a) \/ COMPLETE(w, a)
+    \/ RETRY(w, a) \/ FAIL(w, a) \/ RECORD_RESULT(w, a)
 
-ClaimJob(j) == \E w \in Workers, s \in Slots : CLAIM(w, s, j)
+WorkerStep(w) ==
+    \/ \E a \in held[w] :
+         \/ Progress(w, a) \/ HEARTBEAT(w, a) \/ SNOOZE(w, a) \/ RELEASE(w, a)
+         \/ CANCEL_HELD(w, a) \/ TxnTimeout(w, a)
+    \/ \E j \in Jobs : CLAIM(w, j) \/ CLAIM_ISOLATED(w, j)
+    \/ SchedulerRead(w) \/ CRON_ENQUEUE(w)
+    \/ Crash(w) \/ Freeze(w) \/ Thaw(w)
+
+JobStep(j) ==
+    \/ ENQUEUE(j) \/ REAP(j) \/ Tick(j) \/ REQUEUE(j) \/ CANCEL(j) \/ PRUNE(j)
+    \/ REQUEST_CANCEL(j)
 
 Next ==
-    \/ \E j \in Jobs : ENQUEUE(j) \/ ClaimJob(j) \/ REAP(j) \/ Tick(j)
-    \/ \E w \in Workers :
-         \/ Crash(w) \/ Freeze(w) \/ Thaw(w)
-         \/ \E s \in Slots : HEARTBEAT(w, s) \/ Finish(w, s) \/ RELEASE(w, s)
+    \/ \E w \in Workers : WorkerStep(w)
+    \/ \E j \in Jobs : JobStep(j)
+    \/ Clock \/ CronSync
     \/ Finished
 
-\* Fairness: the client's INSERT commits; time passes; the reaper runs;
-\* an available job is claimed by some free slot; a frozen worker is woken
-\* (SIGCONT) in the end; a handler terminates.  Crashes, freezes and
-\* releases are bounded by their budgets, so they cannot go on for ever.
+ClaimSome == \E w \in Workers, j \in Jobs : CLAIM(w, j) \/ CLAIM_ISOLATED(w, j)
+
+\* Fairness, the premises of "no job is lost": time passes; the reaper runs;
+\* some free slot claims an available job; a worker that is not frozen makes
+\* progress with the jobs it holds (handlers terminate); PostgreSQL enforces
+\* the timeout of a guarded transaction whose worker is frozen; schedulers
+\* run.  Nothing makes a frozen worker thaw (SIGSTOP may last for ever), and
+\* crashes, freezes, releases, snoozes and operator actions are bounded by
+\* their budgets.
 Fairness ==
-    /\ \A j \in Jobs :
-         /\ WF_vars(ENQUEUE(j))
-         /\ WF_vars(Tick(j))
-         /\ SF_vars(REAP(j))
-         /\ SF_vars(ClaimJob(j))
+    /\ \A j \in Jobs : WF_vars(Tick(j)) /\ WF_vars(REAP(j))
+    /\ WF_vars(ClaimSome)
     /\ \A w \in Workers :
-         /\ WF_vars(Thaw(w))
-         /\ \A s \in Slots : WF_vars(Finish(w, s))
+         /\ WF_vars(\E a \in held[w] : Progress(w, a))
+         /\ WF_vars(frozen[w] /\ \E a \in held[w] : TxnTimeout(w, a))
+         /\ WF_vars(SchedulerRead(w) \/ CRON_ENQUEUE(w))
+    /\ WF_vars(Clock)
 
 Spec == Init /\ [][Next]_vars /\ Fairness
 
 -----------------------------------------------------------------------------
 (* Properties *)
 
-\* Slot s of w holds a valid lease on j: the row names w and its token, the
-\* job is running and the lease has not expired.
-ValidLease(w, s, j) ==
-    /\ JobOf(w, s) = j
-    /\ jstate[j] = "running"
-    /\ owner[j] = w
-    /\ version[j] = TokOf(w, s)
-    /\ ~expired[j]
+Alarmed(kind) == \E r \in alarms : r.kind = kind
 
-\* (a) At most one worker (slot) holds an unexpired lease on a job; a token
-\* is never handed out twice, and no one believes in a token not yet issued.
+\* Attempt a of worker w holds a valid lease: the row names w and a's token,
+\* the job is running and the lease has not expired.
+\* (Written out, not through Fence: a mutation of the guard must not change
+\* what the property means.)
+ValidLease(w, a) ==
+    /\ jstate[a.job] = "running"
+    /\ owner[a.job] = w
+    /\ version[a.job] = a.tok
+    /\ ~expired[a.job]
+
+\* (a) At most one attempt holds a valid lease on a job, and it is the
+\* attempt that made the latest claim; no one believes in a token not yet
+\* issued; and no claim is granted while another attempt's lease is still
+\* live in real time (ghost liveGid, which REAP does not touch).
 LeaseExclusive ==
-    /\ \A j \in Jobs : \A w1, w2 \in Workers : \A s1, s2 \in Slots :
-         (ValidLease(w1, s1, j) /\ ValidLease(w2, s2, j)) => (w1 = w2 /\ s1 = s2)
-    /\ \A w1, w2 \in Workers : \A s1, s2 \in Slots :
-         (/\ <<w1, s1>> # <<w2, s2>>
-          /\ Holds(w1, s1)
-          /\ JobOf(w1, s1) = JobOf(w2, s2))
-         => TokOf(w1, s1) # TokOf(w2, s2)
-    /\ \A w \in Workers : \A s \in Slots :
-         Holds(w, s) => TokOf(w, s) <= version[JobOf(w, s)]
+    /\ \A w1, w2 \in Workers : \A a1 \in held[w1], a2 \in held[w2] :
+         (a1.job = a2.job /\ ValidLease(w1, a1) /\ ValidLease(w2, a2))
+         => (w1 = w2 /\ a1 = a2)
+    /\ \A w \in Workers : \A a \in held[w] :
+         /\ ValidLease(w, a) => a.gid = claims[a.job]
+         /\ a.tok <= version[a.job]
+    /\ ~Alarmed("double")
 
-\* (b) Every outcome or effect that landed was written by the current token
-\* holder: with the row's lease_version, by the row's lease_owner.
-FencedWrites ==
-    \A r \in writes : r.token = r.rowVersion /\ r.by = r.rowOwner
+\* (b) Every write a worker makes about a job (heartbeat, lock, outcome,
+\* result) lands only if it comes from the attempt that holds the lease --
+\* judged by the ghost claim ids, not by the columns the guard compares.
+FencedWrites == ~Alarmed("stale")
 
-\* (c) A completed job's effect is applied exactly once; any other job's
-\* effect not at all (a rolled-back transaction leaves nothing).
+\* (c) The effect of a guarded transaction is committed at most once, only
+\* together with the completion of the job by the same attempt, and a job
+\* completed that way has it exactly once.  Ledger rows of a pruned job are
+\* deleted with it; its business rows stay.
 EffectOnce ==
     \A j \in Jobs :
-        /\ effects[j] \in {0, 1}
-        /\ (effects[j] = 1 <=> jstate[j] = "completed")
+        /\ business[j] <= 1
+        /\ jstate[j] # "pruned" =>
+             /\ (business[j] = 1) <=> (ledger[j] # 0)
+             /\ ledger[j] # 0 => jstate[j] = "completed" /\ ledger[j] = completer[j]
 
-\* Liveness: every job eventually reaches a final state, and stays there.
-AllEventuallyFinal == \A j \in Jobs : <>(jstate[j] \in Final)
-FinalIsStable      == \A j \in Jobs : [](jstate[j] \in Final => [](jstate[j] \in Final))
+\* (d) The row lock of a guarded transaction keeps the job with its attempt
+\* until the transaction ends: nothing takes the lease of a locked job.
+LockHeld ==
+    \A w \in Workers : \A a \in held[w] :
+        a.phase \in {"locked", "effect"} =>
+            /\ lockedBy[a.job] = a.gid
+            /\ holder[a.job] = a.gid
 
-THEOREM Spec => [](TypeOK /\ LeaseExclusive /\ FencedWrites /\ EffectOnce)
-THEOREM Spec => AllEventuallyFinal
+\* Crash containment: an isolated job is never claimed by CLAIM; a worker
+\* never holds the leases of two jobs that were isolated when claimed (ghost
+\* wasIso and holder, not the worker's own beliefs); and so a job loses at
+\* most one attempt to another job's crash.
+CrashContained ==
+    /\ ~Alarmed("isolated")
+    /\ \A w \in Workers :
+         Cardinality({a \in held[w] : a.wasIso /\ holder[a.job] = a.gid}) <= 1
+    /\ \A j \in Jobs : lostTo[j] <= 1
+
+\* Workflows.  A job leaves 'blocked' for 'available' only when each of its
+\* dependencies is completed (policy 'cancel') or final (policy 'run').
+DependentsWait == ~Alarmed("early")
+
+\* A dependent leaves 'blocked' for 'available' only in the statement that
+\* makes its last dependency final: a COMPLETE that lands for the attempt
+\* holding that dependency's lease (ghost holder: UNBLOCK behind a
+\* current-token COMPLETE), or, for policy 'run', a write that makes the
+\* dependency failed, dead or cancelled (CANCEL_DEPENDENTS).
+UnblockFenced ==
+    [][\A x \in Jobs :
+         (jstate[x] = "blocked" /\ jstate'[x] = "available") =>
+           \E d \in Deps[x] :
+              \/ /\ jstate[d] = "running" /\ jstate'[d] = "completed"
+                 /\ holder[d] # 0 /\ completer'[d] = holder[d]
+              \/ /\ x \in RunAnyway
+                 /\ jstate[d] \notin Final /\ jstate'[d] \in Doomed]_vars
+
+\* A blocked job's pending_dependencies is the number of its dependencies
+\* that are not yet satisfied.
+CounterExact ==
+    \A x \in Jobs : jstate[x] = "blocked" => pending[x] = Cardinality(Unsat(x, jstate))
+
+\* No blocked job with policy 'cancel' waits on a dependency that failed.
+NoDoomedBlocked ==
+    \A x \in Jobs : (jstate[x] = "blocked" /\ x \notin RunAnyway)
+        => \A d \in Deps[x] : jstate[d] \notin Doomed
+
+\* A job cancelled because of a dependency names one that really failed,
+\* died or was cancelled.
+CascadeCause ==
+    \A x \in Jobs : (jstate[x] = "cancelled" /\ cause[x] # NoJob)
+        => cause[x] \in Deps[x] /\ jstate[cause[x]] \in Doomed
+
+\* Cancelling a running job: no guarded effect commits after the request,
+\* and a job with a request is never claimed again (until REQUEUE clears it).
+CancelHonoured == ~Alarmed("cancelled effect") /\ ~Alarmed("rerun")
+
+\* Cron: at most one job per (schedule, tick), never before its tick.
+OneJobPerTick ==
+    \A t \in 1..MaxTick : cronJobs[t] <= 1 /\ (cronJobs[t] = 1 => t <= now)
+
+\* The only transitions of DESIGN §3 (plus PRUNE's delete).
+Edges ==
+    {<<"absent", "available">>, <<"absent", "blocked">>,
+     <<"blocked", "available">>, <<"blocked", "cancelled">>,
+     <<"available", "running">>, <<"available", "cancelled">>,
+     <<"running", "available">>, <<"running", "completed">>,
+     <<"running", "failed">>, <<"running", "dead">>, <<"running", "cancelled">>,
+     <<"failed", "available">>, <<"dead", "available">>, <<"cancelled", "available">>,
+     <<"failed", "blocked">>, <<"dead", "blocked">>, <<"cancelled", "blocked">>}
+    \cup {<<f, "pruned">> : f \in Final}
+
+LegalTransitions ==
+    [][\A j \in Jobs : jstate'[j] # jstate[j] => <<jstate[j], jstate'[j]>> \in Edges]_vars
+
+\* Liveness: a job that is waiting or running eventually ends final (or is
+\* pruned after it did); every tick of the schedule eventually has its job
+\* (missed = 'all').
+AllEventuallyFinal ==
+    \A j \in Jobs :
+        [](jstate[j] \in {"blocked", "available", "running"}
+             => <>(jstate[j] \in Final \cup {"pruned"}))
+
+EveryTickEnqueued ==
+    MissedAll => \A t \in 1..MaxTick : <>(cronJobs[t] >= 1)
+
+THEOREM Spec => [](TypeOK /\ LeaseExclusive /\ FencedWrites /\ EffectOnce /\ LockHeld
+                   /\ CrashContained /\ DependentsWait /\ CounterExact
+                   /\ NoDoomedBlocked /\ CascadeCause /\ CancelHonoured /\ OneJobPerTick)
+THEOREM Spec => LegalTransitions /\ UnblockFenced
+THEOREM Spec => AllEventuallyFinal /\ EveryTickEnqueued
 =============================================================================

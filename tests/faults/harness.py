@@ -28,19 +28,26 @@ from tests.pgbouncer.bouncer import (
 )
 
 from . import pg, verify
-from .injectors import Injector, Kill9, PgRestart, SigStop
+from .injectors import Injector, Kill9, PgRestart, SigStop, SigStopInAtomic
 from .proxy import FaultProxy
 from .workers import WorkerPool
 
 logger = logging.getLogger("faults")
 
 SCENARIOS = ("kill9", "sigstop", "pg-restart", "network")
+# Not part of "all": a worker frozen inside context.atomic() and never continued
+# (until the end), which only the bound on the guarded transaction resolves.
+ATOMIC = "sigstop-atomic"
+ATOMIC_INSIDE_SECONDS = (0.3, 1.2)  # Its default --inside: long enough to be caught there.
 POOLER_MODES = ("poll-only", "listener-dsn")
 LATENCY_SECONDS = 0.030
 DROP_RATE = 0.05
 FAULT_WINDOW = 0.7  # Faults stop at this fraction of the deadline, to let the rest settle.
 MONITOR_SECONDS = 0.5
 ALL_PACE = 3.0  # Together, each fault strikes this many times less often.
+# A fault run's workflow: a, then b and c side by side, then d after both, then e.
+WORKFLOW_SHAPE = {"a": (), "b": ("a",), "c": ("a",), "d": ("b", "c"), "e": ("d",)}
+WORKFLOW_STEPS = len(WORKFLOW_SHAPE)
 
 NOT_FINAL = "SELECT count(*) FROM conveyor_job WHERE state <> ALL(%(final)s)"
 TRACEBACKS = "SELECT id, e->>'traceback' FROM conveyor_job, jsonb_array_elements(errors) AS e"
@@ -59,6 +66,7 @@ class Params:
     out: Path
     keep: Path | None
     pgbouncer: str | None  # Workers behind PgBouncer: "poll-only" or "listener-dsn".
+    workflows: int = 0  # Five-step workflows instead of single jobs (jobs = 5 x workflows).
 
     @property
     def faults(self) -> tuple[str, ...]:
@@ -67,7 +75,7 @@ class Params:
 
 def parse_args(argv: list[str] | None) -> Params:
     parser = argparse.ArgumentParser(description="Run a fault-injection scenario.")
-    parser.add_argument("--scenario", required=True, choices=[*SCENARIOS, "all"])
+    parser.add_argument("--scenario", required=True, choices=[*SCENARIOS, ATOMIC, "all"])
     parser.add_argument("--jobs", type=int, default=60)
     parser.add_argument("--out", type=Path, required=True, help="Folder for fault-NAME.json.")
     parser.add_argument("--workers", type=int, default=3, help="Worker processes (default 3).")
@@ -75,8 +83,9 @@ def parse_args(argv: list[str] | None) -> Params:
     parser.add_argument("--seed", type=int, default=None, help="Seed for jobs and faults.")
     parser.add_argument("--work", type=float, nargs=2, default=(0.1, 1.0), metavar=("MIN", "MAX"))
     parser.add_argument(
-        "--inside", type=float, nargs=2, default=(0.0, 0.05), metavar=("MIN", "MAX")
-    )
+        "--inside", type=float, nargs=2, default=None, metavar=("MIN", "MAX"),
+        help=f"Default 0 0.05 ({ATOMIC}: {ATOMIC_INSIDE_SECONDS[0]} {ATOMIC_INSIDE_SECONDS[1]}).",
+    )  # fmt: skip
     parser.add_argument("--timeout", type=float, default=None, help="Deadline in seconds.")
     parser.add_argument("--keep", type=Path, default=None, help="Copy worker logs here.")
     parser.add_argument(
@@ -86,9 +95,20 @@ def parse_args(argv: list[str] | None) -> Params:
         help="Put the workers behind a PgBouncer in transaction mode, polling only "
         "(--poll-only) or listening on a direct connection (LISTENER_DSN).",
     )
+    parser.add_argument(
+        "--workflows",
+        type=int,
+        default=0,
+        metavar="N",
+        help="Enqueue N five-step workflows (5 N jobs) instead of --jobs single jobs.",
+    )
     args = parser.parse_args(argv)
+    if args.workflows:
+        args.jobs = WORKFLOW_STEPS * args.workflows
     if args.jobs < 1 or args.workers < 2 or args.concurrency < 1:
         parser.error("--jobs and --concurrency must be 1 or more, --workers 2 or more.")
+    if args.inside is None:
+        args.inside = ATOMIC_INSIDE_SECONDS if args.scenario == ATOMIC else (0.0, 0.05)
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(2**31)
     slots = args.workers * args.concurrency
     timeout = args.timeout or 60 + 4 * args.jobs * sum(args.work) / 2 / slots
@@ -104,6 +124,7 @@ def parse_args(argv: list[str] | None) -> Params:
         out=args.out,
         keep=args.keep,
         pgbouncer=args.pgbouncer,
+        workflows=args.workflows,
     )
 
 
@@ -124,7 +145,8 @@ def main(argv: list[str] | None = None) -> int:
                 shutil.copy(log, params.keep / log.name)
         shutil.rmtree(work, ignore_errors=True)
     params.out.mkdir(parents=True, exist_ok=True)
-    path = params.out / f"fault-{params.scenario}.json"
+    name = f"{params.scenario}-workflows" if params.workflows else params.scenario
+    path = params.out / f"fault-{name}.json"
     path.write_text(json.dumps(result, indent=2, sort_keys=False) + "\n")
     summary = {
         k: result[k]
@@ -206,7 +228,7 @@ class Run:
         self.start_injectors()
         settled_at = self.wait_for_final(started)
         self.stop_injectors()
-        if "sigstop" in p.faults:
+        if "sigstop" in p.faults or ATOMIC in p.faults:
             # A zombie thawed just now still has handlers asleep: let them wake
             # and report (and be refused) before SIGTERM ends the process.
             time.sleep(p.work_seconds[1] + p.inside_seconds[1] + 1.0)
@@ -220,7 +242,16 @@ class Run:
         facts = verify.read_logs(sorted(self.log_dir.glob("*.log")))
         with pg.connect(self.pg_port) as conn:
             figures = verify.check(conn, p.jobs, facts)
-        failed = verify.failures(figures, require_stale=p.scenario == "sigstop")
+        if p.workflows:
+            with pg.connect(self.pg_port) as conn:
+                figures["workflows"] = verify.check_workflows(conn, p.workflows)
+        failed = verify.failures(figures, require_stale=p.scenario in ("sigstop", ATOMIC))
+        if ATOMIC in p.faults:
+            with pg.connect(self.pg_port) as conn:
+                figures["frozen_inside_atomic"] = verify.frozen_inside_atomic(
+                    conn, self.atomic_freezes()
+                )
+            failed += verify.atomic_failures(figures["frozen_inside_atomic"])
         if self.bouncer:
             logs = [*sorted(self.log_dir.glob("*.log")), self.bouncer.log]
             errors = session_state_errors(logs)  # Handlers' errors are only in the jobs' rows:
@@ -255,6 +286,8 @@ class Run:
         connections.close_all()
 
     def enqueue(self) -> None:
+        if self.params.workflows:
+            return self.enqueue_workflows()
         from django_conveyor import protocol
 
         from .settings import CONVEYOR, QUEUE
@@ -279,6 +312,36 @@ class Run:
         with pg.connect(self.pg_port) as conn, conn.transaction(), conn.cursor() as cur:
             protocol.enqueue(cur, jobs, notify=True)
 
+    def enqueue_workflows(self) -> None:
+        """Every workflow in one transaction, one ENQUEUE per step name (in dependency order)."""
+        from django_conveyor import protocol
+
+        from .settings import CONVEYOR, QUEUE
+        from .tasks import STEP_PATH
+
+        p = self.params
+        ids: dict[tuple[int, str], int] = {}
+        with pg.connect(self.pg_port) as conn, conn.transaction(), conn.cursor() as cur:
+            for step, after in WORKFLOW_SHAPE.items():
+                jobs = [
+                    protocol.NewJob(
+                        task_path=STEP_PATH,
+                        args=[
+                            round(self.rng.uniform(*p.work_seconds), 3),
+                            round(self.rng.uniform(*p.inside_seconds), 3),
+                        ],
+                        kwargs={"workflow": w, "step": step},
+                        queue=QUEUE,
+                        backend="default",
+                        priority=0,
+                        max_attempts=int(CONVEYOR["MAX_ATTEMPTS"]),
+                        depends_on=tuple(ids[w, a] for a in after),
+                    )
+                    for w in range(p.workflows)
+                ]
+                for w, row in enumerate(protocol.enqueue(cur, jobs, notify=True)):
+                    ids[w, step] = row.id
+
     def start_injectors(self) -> None:
         assert self.pool is not None
         from .settings import LEASE_SECONDS
@@ -296,6 +359,15 @@ class Run:
         if "sigstop" in self.params.faults:
             self.injectors.append(
                 SigStop(rng=rng(), lease_seconds=LEASE_SECONDS, **common, **worker)
+            )
+        if ATOMIC in self.params.faults:
+            from .tasks import IN_ATOMIC
+
+            freezes = min(16, max(3, self.params.jobs // 60))  # Frozen processes pile up.
+            self.injectors.append(
+                SigStopInAtomic(
+                    rng=rng(), prefix=IN_ATOMIC, max_freezes=freezes, **common, **worker
+                )
             )
         if "pg-restart" in self.params.faults:
             self.injectors.append(
@@ -319,6 +391,9 @@ class Run:
                     return elapsed
             time.sleep(MONITOR_SECONDS)
         return None
+
+    def atomic_freezes(self) -> list[dict[str, Any]]:
+        return [h for i in self.injectors if isinstance(i, SigStopInAtomic) for h in i.held]
 
     def stop_injectors(self) -> None:
         self.stop_faults.set()
@@ -386,6 +461,8 @@ class Run:
                 "network_latency_s": LATENCY_SECONDS if "network" in p.faults else None,
                 "network_drop_rate": DROP_RATE if "network" in p.faults else None,
                 "pgbouncer": p.pgbouncer,
+                "workflows": p.workflows or None,
+                "workflow_shape": WORKFLOW_SHAPE if p.workflows else None,
             },
             "faults_injected": faults,
             "final_jobs_over_time": self.progress[:: max(1, len(self.progress) // 20)],

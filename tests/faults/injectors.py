@@ -125,6 +125,61 @@ class SigStop(WorkerInjector):
         self.thaw()
 
 
+# Sessions inside a guarded transaction (tests/faults/tasks.py names them).
+IN_ATOMIC_SESSIONS = """
+SELECT substr(application_name, length(%(prefix)s) + 1), now()
+FROM pg_stat_activity
+WHERE application_name LIKE %(prefix)s || '%%' AND state LIKE 'idle in transaction%%'
+"""
+
+
+class SigStopInAtomic(WorkerInjector):
+    """Freeze a worker while it is inside context.atomic(); never continue it.
+
+    The frozen process keeps its connection and its guarded transaction's row
+    lock, which REAP skips: only the bound on the guarded transaction (one
+    lease of idleness) frees the job. A new incarnation replaces the frozen
+    one in its slot; the frozen ones are continued at the very end, when
+    their commits must fail.
+    """
+
+    name_prefix = "sigstop-atomic"
+
+    def __init__(self, *, prefix: str, max_freezes: int, **kw: object) -> None:
+        super().__init__(**kw)  # type: ignore[arg-type]
+        self.prefix = prefix
+        self.max_freezes = max_freezes  # Each leaves a frozen process behind until the end.
+        self.frozen: list[Incarnation] = []
+        self.held: list[dict[str, object]] = []  # What each freeze caught, for the report.
+
+    def strike(self) -> None:
+        self.pause(1.0, 3.0)
+        if self.stopping.is_set() or len(self.frozen) >= self.max_freezes:
+            return
+        rows = pg.query(self.db_port, IN_ATOMIC_SESSIONS, {"prefix": self.prefix}) or []
+        inside = []
+        for name, at in rows:
+            worker_id, job_id, token = name.split()
+            inc = self.pool.by_worker_id(worker_id)
+            if inc is not None and not inc.frozen:
+                inside.append((inc, int(job_id), int(token), at))
+        if not inside:
+            return
+        inc, job_id, token, at = self.rng.choice(inside)
+        if not self.pool.signal(inc, signal.SIGSTOP):
+            return
+        inc.frozen = True
+        self.frozen.append(inc)
+        self.held.append({"worker": inc.worker_id, "job": job_id, "token": token, "at": at})
+        self.counts["freezes_inside_atomic"] += 1
+        self.pool.spawn(inc.slot)  # The frozen process stays, out of the pool.
+
+    def recover(self) -> None:
+        for inc in self.frozen:
+            self.pool.signal(inc, signal.SIGCONT)
+            inc.frozen = False
+
+
 class PgRestart(Injector):
     """Stop PostgreSQL in immediate mode, keep it down a moment, start it again."""
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import time
 
-from django_conveyor import task
+from django.db import connection
+
+from django_conveyor import Discard, task
 from django_conveyor.context import JobContext
 from tests.testapp.models import Effect
 
@@ -12,6 +14,10 @@ from .settings import QUEUE
 
 EFFECT_KEY = "fault-effect"
 TASK_PATH = "tests.faults.tasks.apply_effect"
+# While a handler is inside its guarded transaction, its session's
+# application_name reads "<prefix><worker id> <job> <token>" (SET LOCAL: it
+# ends with the transaction), so the sigstop-atomic injector can find it.
+IN_ATOMIC = "conveyor-atomic:"
 
 
 @task(takes_context=True, queue_name=QUEUE)
@@ -23,9 +29,30 @@ def apply_effect(context: JobContext, work_seconds: float, inside_seconds: float
     """
     time.sleep(work_seconds)
     with context.atomic():
+        with connection.cursor() as cursor:
+            name = f"{IN_ATOMIC}{context.worker_id} {context.job_id} {context.token}"
+            cursor.execute("SELECT set_config('application_name', %s, true)", [name])
         Effect.objects.create(
             job_id=context.job_id, token=context.token, worker=context.worker_id, label=EFFECT_KEY
         )
         context.record_effect(EFFECT_KEY)
         time.sleep(inside_seconds)
     return context.token
+
+
+STEP_PATH = "tests.faults.tasks.workflow_step"
+
+
+@task(takes_context=True, queue_name=QUEUE)
+def workflow_step(
+    context: JobContext, work_seconds: float, inside_seconds: float, workflow: int, step: str
+) -> int:
+    """One step of a fault run's workflow: `apply_effect`, after checking its dependencies.
+
+    A step that finds a dependency not completed is discarded (`failed`), which
+    the run counts as a failure: it would have run too early.
+    """
+    early = [r.id for r in context.dependency_results.values() if r.state != "completed"]
+    if early:
+        raise Discard(f"step {step} of workflow {workflow} ran before {early} completed")
+    return apply_effect.func(context, work_seconds, inside_seconds)

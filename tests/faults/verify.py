@@ -11,6 +11,7 @@ import re
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,29 @@ WHERE (l.id IS NOT NULL OR e.id IS NOT NULL)
   AND (j.state <> 'completed'
        OR (l.id IS NOT NULL AND (l.lease_version <> j.lease_version OR l.worker <> j.lease_owner))
        OR (e.id IS NOT NULL AND (e.token <> j.lease_version OR e.worker <> j.lease_owner)))
+"""
+
+# Edges whose dependent wrote its effect before its dependency wrote its own
+# (or without it). Ids come from a sequence at insert time, and a dependent
+# inserts only after it was claimed, after its dependency's commit. Attempts
+# that ran early and were rolled back are caught by the handler itself: it
+# is discarded when its dependency_results show an unfinished dependency.
+EARLY_STEPS = """
+WITH firsts AS (
+    SELECT job_id, min(id) AS first, max(id) AS last FROM testapp_effect GROUP BY job_id
+)
+SELECT count(*) FROM conveyor_dependency AS d
+JOIN firsts AS j ON j.job_id = d.job_id
+LEFT JOIN firsts AS p ON p.job_id = d.depends_on_id
+WHERE p.last IS NULL OR j.first < p.last
+"""
+
+WORKFLOWS_COMPLETED = """
+SELECT count(*) FROM (
+    SELECT kwargs->>'workflow' FROM conveyor_job
+    GROUP BY kwargs->>'workflow'
+    HAVING bool_and(state = 'completed') AND count(*) = %(steps)s
+) AS done
 """
 
 FINAL_TOKENS = "SELECT id, state, lease_version FROM conveyor_job WHERE id = ANY(%(ids)s)"
@@ -126,6 +150,20 @@ def check(conn: psycopg.Connection, jobs: int, facts: LogFacts) -> dict[str, Any
     return figures
 
 
+def check_workflows(conn: psycopg.Connection, workflows: int) -> dict[str, Any]:
+    """Workflow mode: every workflow completed, and no step ran before its dependencies."""
+    steps = conn.execute("SELECT count(*) FROM conveyor_job").fetchone()[0] // workflows  # type: ignore[index]
+    (completed,) = conn.execute(WORKFLOWS_COMPLETED, {"steps": steps}).fetchone()  # type: ignore[misc]
+    (early,) = conn.execute(EARLY_STEPS).fetchone()  # type: ignore[misc]
+    (edges,) = conn.execute("SELECT count(*) FROM conveyor_dependency").fetchone()  # type: ignore[misc]
+    return {
+        "workflows": workflows,
+        "workflows_completed": completed,
+        "dependency_edges": edges,
+        "steps_before_their_dependencies": early,
+    }
+
+
 def confirm_stale(conn: psycopg.Connection, stale: set[tuple[int, int]]) -> int:
     """Refusals the data agrees with: a newer token took the job, or it was already final.
 
@@ -157,6 +195,72 @@ def failures(figures: dict[str, Any], *, require_stale: bool) -> list[str]:
         failed.append(f"{figures['fencing_violations']} job(s) have an effect from a stale token.")
     if figures["missing_effects"]:
         failed.append(f"{figures['missing_effects']} completed job(s) have no effect.")
+    if (flows := figures.get("workflows")) is not None:
+        if flows["workflows_completed"] != flows["workflows"]:
+            failed.append(
+                f"{flows['workflows'] - flows['workflows_completed']} workflow(s) did not complete."
+            )
+        if flows["steps_before_their_dependencies"]:
+            failed.append(
+                f"{flows['steps_before_their_dependencies']} step(s) ran before a dependency "
+                "completed."
+            )
     if require_stale and not figures["stale_outcomes_rejected"]:
         failed.append("No stale outcome was rejected: the zombies never came back to write.")
+    return failed
+
+
+LEASE_LOST = "django_conveyor.exceptions.LeaseLost"
+FROZEN_JOBS = "SELECT id, state, lease_version, errors FROM conveyor_job WHERE id = ANY(%(ids)s)"
+
+
+def frozen_inside_atomic(conn: psycopg.Connection, freezes: list[dict[str, Any]]) -> dict[str, Any]:
+    """For each worker frozen inside its guarded transaction: was the job taken back, and when?
+
+    `at` is the database's clock at the freeze; the reaper's error entry for
+    the frozen token carries the database's clock when it took the job back.
+    """
+    ids = sorted({f["job"] for f in freezes})
+    rows = {r[0]: r[1:] for r in conn.execute(FROZEN_JOBS, {"ids": ids}).fetchall()}
+    reaped_after: list[float] = []
+    committed, not_reaped = [], []
+    for f in freezes:
+        state, final_token, errors = rows[f["job"]]
+        if state == "completed" and final_token == f["token"]:
+            committed.append(f["job"])  # The frozen attempt's own commit landed.
+            continue
+        entry = next(
+            (e for e in errors if e.get("token") == f["token"]
+             and e.get("exception_class_path") == LEASE_LOST), None,
+        )  # fmt: skip
+        if entry is None:
+            not_reaped.append(f["job"])
+            continue
+        taken = datetime.fromisoformat(entry["time"]) - f["at"]
+        reaped_after.append(round(taken.total_seconds(), 2))
+    reaped_after.sort()
+    return {
+        "freezes": len(freezes),
+        "reaped": len(reaped_after),
+        "frozen_attempt_committed": committed,
+        "not_reaped": not_reaped,
+        "reaped_after_s": {
+            "min": reaped_after[0] if reaped_after else None,
+            "median": reaped_after[len(reaped_after) // 2] if reaped_after else None,
+            "max": reaped_after[-1] if reaped_after else None,
+        },
+    }
+
+
+def atomic_failures(frozen: dict[str, Any]) -> list[str]:
+    failed = []
+    if not frozen["freezes"]:
+        failed.append("No worker was frozen inside context.atomic().")
+    if frozen["frozen_attempt_committed"]:
+        failed.append(
+            f"Jobs {frozen['frozen_attempt_committed']} waited for their frozen worker and were "
+            "completed by it when it was continued: the guarded transaction was not bounded."
+        )
+    if frozen["not_reaped"]:
+        failed.append(f"Jobs frozen inside context.atomic() never reaped: {frozen['not_reaped']}.")
     return failed

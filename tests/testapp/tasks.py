@@ -3,6 +3,7 @@
 import os
 import threading
 import time
+from pathlib import Path
 
 from django.db import transaction
 
@@ -55,6 +56,26 @@ def slow_apply_once(context, label, seconds):
             job_id=context.job_id, token=context.token, worker=context.worker_id, label=label
         )
         context.record_effect(label)
+    return {"attempt": context.attempt, "pid": os.getpid()}
+
+
+@task(takes_context=True)
+def dwell_in_atomic(context, label, marker, seconds):
+    """Applies once; its first attempt then stays `seconds` inside the guarded transaction.
+
+    It writes `marker` when it is in there, so a test can freeze its worker at
+    that moment, holding the job's row lock.
+    """
+    with context.atomic():
+        Effect.objects.create(
+            job_id=context.job_id, token=context.token, worker=context.worker_id, label=label
+        )
+        context.record_effect(label)
+        if context.attempt == 1:
+            Path(marker).write_text(str(os.getpid()))
+            deadline = time.monotonic() + seconds
+            while time.monotonic() < deadline:
+                time.sleep(0.05)
     return {"attempt": context.attempt, "pid": os.getpid()}
 
 
@@ -230,3 +251,53 @@ def breaks_its_statement():
 def enqueues_child(key):
     """Enqueues add(1, 2) under an idempotency key: a second run replays it."""
     return add.using(idempotency_key=key).enqueue(1, 2).id
+
+
+def _wait_for_effect(label, seconds=60.0):
+    deadline = time.monotonic() + seconds
+    while not Effect.objects.filter(label=label).exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no {label!r} effect within {seconds}s")
+        time.sleep(0.05)
+
+
+@task(takes_context=True)
+def wf_step(context, label):
+    """A workflow step: refuses to run before its dependencies completed, then records itself."""
+    seen = context.dependency_results
+    unfinished = [r.id for r in seen.values() if r.state != "completed"]
+    if unfinished:
+        raise RuntimeError(f"{label} ran before its dependencies {unfinished} completed")
+    Effect.objects.create(
+        job_id=context.job_id, token=context.token, worker=context.worker_id, label=label
+    )
+    return {"label": label, "saw": sorted(r.return_value["label"] for r in seen.values())}
+
+
+@task(takes_context=True, dependency_policy="run")
+def wf_cleanup(context, label):
+    """A run-anyway step: records the states its dependencies ended in."""
+    states = sorted(r.state for r in context.dependency_results.values())
+    Effect.objects.create(
+        job_id=context.job_id, token=context.token, worker=context.worker_id, label=label
+    )
+    return {"label": label, "states": states}
+
+
+@task(max_attempts=2, backoff_base=0.05, backoff_cap=0.1)
+def wf_breaks(label):
+    """Fails until a `fix:<label>` effect exists (an operator's repair)."""
+    if not Effect.objects.filter(label=f"fix:{label}").exists():
+        raise RuntimeError(f"{label} is broken")
+    Effect.objects.create(job_id=0, token=0, worker="", label=label)
+    return {"label": label}
+
+
+@task(takes_context=True, max_attempts=2)
+def wf_held(context, label):
+    """Attempt 1 sleeps (to be frozen); later attempts wait for a `go:<label>` effect."""
+    if context.attempt == 1:
+        time.sleep(1.5)
+    else:
+        _wait_for_effect(f"go:{label}")
+    return {"label": label, "attempt": context.attempt}

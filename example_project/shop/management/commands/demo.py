@@ -41,7 +41,14 @@ from django_conveyor.models import ApiKey, Job, LedgerEntry
 from django_conveyor.states import FINAL_STATES, JobState
 from shop.models import GatewayCharge, Order, Payment, StockReport
 from shop.services import place_order, request_inventory_sync
-from shop.tasks import build_report, charge_payment, flaky_sync, nightly_stock_report, send_receipt
+from shop.tasks import (
+    build_report,
+    charge_payment,
+    flaky_sync,
+    nightly_stock_report,
+    order_fulfilled,
+    send_receipt,
+)
 
 REPORT_SCHEDULE = "nightly-stock-report"  # settings.CONVEYOR["CRON"]
 DEMO_USER = "demo"
@@ -155,7 +162,14 @@ class Command(BaseCommand):
                 self.show_api(f"http://127.0.0.1:{options['port']}", api_key)
                 self.stdout.write("    (run without --no-serve to serve the site and its API)")
             else:
-                self.serve(options["port"], login, api_key, settled, not options["no_traffic"])
+                self.serve(
+                    options["port"],
+                    login,
+                    api_key,
+                    settled,
+                    not options["no_traffic"],
+                    jobs["fulfilled"][-1:],
+                )
         except KeyboardInterrupt:
             interrupted = True
         finally:
@@ -221,20 +235,22 @@ class Command(BaseCommand):
 
     def enqueue_demo_jobs(self, count: int) -> dict[str, list[int]]:
         self.step(
-            f"Placing {plural(count, 'order')} (each enqueues a receipt and a charge) "
-            "and one flaky job"
+            f"Placing {plural(count, 'order')} (each a workflow: charge, then receipt and "
+            "stock update, then order fulfilled) and one flaky job"
         )
         jobs: dict[str, list[int]] = {
-            "orders": [], "receipts": [], "charges": [], "flaky": [], "report": []
+            "orders": [], "receipts": [], "charges": [], "fulfilled": [], "flaky": [], "report": []
         }  # fmt: skip
         for email, item, quantity, price in DEMO_ORDERS[:count]:
             order = place_order(email=email, item=item, quantity=quantity, unit_price_cents=price)
             jobs["orders"].append(order.pk)
             jobs["receipts"].append(int(order.receipt_job_id))
             jobs["charges"].append(int(order.charge_job_id))
+            jobs["fulfilled"].append(int(order.fulfilled_job_id))
             self.stdout.write(
                 f"    order {order.pk}: {quantity} x {item} ({order.total_display}), "
-                f"jobs {order.receipt_job_id} and {order.charge_job_id}"
+                f"charge job {order.charge_job_id} -> receipt job {order.receipt_job_id} and "
+                f"a stock update -> fulfilled job {order.fulfilled_job_id}"
             )
         jobs["flaky"].append(int(request_inventory_sync("COFFEE-1KG")))
         self.stdout.write(f"    inventory sync: job {jobs['flaky'][0]} (fails on every attempt)")
@@ -251,7 +267,8 @@ class Command(BaseCommand):
     def wait_for(
         self, jobs: dict[str, list[int]], worker: subprocess.Popen[bytes], timeout: float
     ) -> bool:
-        ids = [i for key in ("receipts", "charges", "flaky", "report") for i in jobs[key]]
+        keys = ("receipts", "charges", "fulfilled", "flaky", "report")
+        ids = [i for key in keys for i in jobs[key]]
         self.step(f"Waiting for {len(ids)} jobs to settle (up to {timeout:g}s)")
         started = time.monotonic()
         while True:
@@ -275,6 +292,7 @@ class Command(BaseCommand):
         expected = [
             (send_receipt, jobs["receipts"], JobState.COMPLETED),
             (charge_payment, jobs["charges"], JobState.COMPLETED),
+            (order_fulfilled, jobs["fulfilled"], JobState.COMPLETED),
             (flaky_sync, jobs["flaky"], JobState.DEAD),
             (nightly_stock_report, jobs["report"], JobState.COMPLETED),
         ]
@@ -307,16 +325,31 @@ class Command(BaseCommand):
         charges = GatewayCharge.objects.filter(idempotency_key__in=list(keys))
         calls = sum(charges.values_list("calls", flat=True))
         receipts = Order.objects.filter(pk__in=jobs["orders"], receipt_sent_at__isnull=False)
+        fulfilled = Order.objects.filter(
+            pk__in=jobs["orders"], stock_updated_at__isnull=False, fulfilled_at__isnull=False
+        )
+        in_order = all(
+            o.payment.created_at <= o.receipt_sent_at <= o.fulfilled_at
+            and o.stock_updated_at <= o.fulfilled_at
+            for o in fulfilled.select_related("payment")
+        )
         effects_ok = payments.count() == ledger.count() == charges.count() == len(
             jobs["orders"]
         ) and receipts.count() == len(jobs["orders"])
         ok &= effects_ok
+        flows_ok = fulfilled.count() == len(jobs["orders"]) and in_order
+        ok &= flows_ok
         line = (
             f"    {plural(len(jobs['orders']), 'order')}: {receipts.count()} receipts sent, "
             f"{payments.count()} payments, {ledger.count()} ledger entries, "
             f"{charges.count()} gateway charges from {calls} gateway calls"
         )
         self.stdout.write(self.style.SUCCESS(line) if effects_ok else self.style.ERROR(line))
+        line = (
+            f"    {plural(fulfilled.count(), 'order')} fulfilled, each after its charge, receipt "
+            f"and stock update{'' if in_order else ' (OUT OF ORDER)'}"
+        )
+        self.stdout.write(self.style.SUCCESS(line) if flows_ok else self.style.ERROR(line))
         if calls > charges.count():
             self.stdout.write(
                 "    (the fake gateway dropped replies; each retry sent the job's idempotency "
@@ -358,7 +391,15 @@ class Command(BaseCommand):
         threading.Thread(target=shop, name="demo-traffic", daemon=True).start()
         self.stdout.write(f"    a demo customer places an order every {TRAFFIC_SECONDS:g}s")
 
-    def serve(self, port: int, login: str, api_key: str, settled: bool, traffic: bool) -> None:
+    def serve(
+        self,
+        port: int,
+        login: str,
+        api_key: str,
+        settled: bool,
+        traffic: bool,
+        workflow: list[int],
+    ) -> None:
         base = f"http://127.0.0.1:{port}"
         report = self.enqueue_console_jobs()
         if traffic:
@@ -369,6 +410,8 @@ class Command(BaseCommand):
         self.stdout.write(f"    dashboard:    {base}/admin/conveyor/dashboard/")
         self.stdout.write(f"    dead letters: {base}/admin/conveyor/deadletter/")
         self.stdout.write(f"    running job:  {base}/admin/conveyor/job/{report}/change/")
+        for job_id in workflow:
+            self.stdout.write(f"    a workflow:   {base}/admin/conveyor/job/{job_id}/workflow/")
         self.show_api(base, api_key)
         if not settled:
             self.stderr.write("    (the demo jobs did not settle as expected; see above)")

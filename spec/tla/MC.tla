@@ -1,0 +1,19 @@
+------------------------------- MODULE MC -------------------------------
+(* Definitions that the TLC configurations (the .cfg files) refer to: the model    *)
+(* values of the jobs and workers, dependency graphs and symmetry sets.   *)
+EXTENDS Conveyor, TLC
+
+CONSTANTS j1, j2, j3, j4, w1, w2, w3
+
+\* No workflows: no job depends on another.
+NoDeps == [j \in Jobs |-> {}]
+
+\* A fan-in and a chain: j3 waits for j1 and j2 (policy 'cancel'), j4 waits
+\* for j2 and j3 (policy 'run' when j4 \in RunAnyway).
+FanInChain == [j \in Jobs |-> IF j = j3 THEN {j1, j2}
+                              ELSE IF j = j4 THEN {j2, j3} ELSE {}]
+
+\* Jobs and workers are interchangeable (safety runs only).
+JobsAndWorkers == {p @@ q : p \in Permutations(Jobs), q \in Permutations(Workers)}
+WorkersOnly    == Permutations(Workers)
+=============================================================================
