@@ -24,18 +24,21 @@ def an_order() -> Order:
 
 
 class PlaceOrderTests(testing.ConveyorAssertions, TestCase):
-    def test_an_order_enqueues_its_receipt_and_its_charge(self):
+    def test_an_order_enqueues_its_workflow(self):
         order = an_order()
-        self.assertEnqueued(send_receipt, args=[order.pk], queue="emails")
         charge = self.assertEnqueued(charge_payment, args=[order.pk], queue="payments")
-        self.assertEqual(charge.id, order.charge_job_id)
+        self.assertEqual((charge.id, charge.state), (order.charge_job_id, "available"))
+        receipt = self.assertEnqueued(send_receipt, args=[order.pk], queue="emails")
+        self.assertEqual(receipt.state, "blocked")  # It waits for the charge.
 
     def test_running_the_jobs_sends_one_receipt_and_records_one_payment(self):
         with testing.run_enqueued() as ran:
             order = an_order()
-        self.assertEqual(ran.counts, {"completed": 2})
+        # The charge, then the receipt and the stock update, then "fulfilled".
+        self.assertEqual(ran.counts, {"completed": 4})
         order.refresh_from_db()
         self.assertIsNotNone(order.receipt_sent_at)
+        self.assertIsNotNone(order.fulfilled_at)
         self.assertEqual([m.to for m in mail.outbox], [["ada@example.com"]])
         payment = Payment.objects.get(order=order)
         self.assertEqual(payment.amount_cents, 2500)
@@ -52,7 +55,8 @@ class PlaceOrderTests(testing.ConveyorAssertions, TestCase):
         charge = GatewayCharge.objects.get()  # One charge for two calls with one key.
         self.assertEqual(charge.calls, 2)
         self.assertEqual(Payment.objects.get(order=order).gateway_charge_id, charge.charge_id)
-        self.assertEnqueued(send_receipt, args=[order.pk])  # Not run: another queue.
+        # Unblocked by the charge, not run: it is on another queue.
+        self.assertEqual(self.assertEnqueued(send_receipt, args=[order.pk]).state, "available")
 
 
 class InventorySyncTests(testing.ConveyorAssertions, TestCase):
