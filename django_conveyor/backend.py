@@ -6,6 +6,7 @@ back with the caller's transaction; its NOTIFY is delivered only on commit.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -18,13 +19,14 @@ from .compat import (
     BaseTaskBackend,
     InvalidTask,
     TaskResultDoesNotExist,
+    log_task_enqueued,
     task_enqueued,
 )
 from .conf import conveyor_settings
 from .exceptions import DependencyInOtherDatabase
 from .results import ConveyorTaskResult, parse_result_id, result_from_job, result_id, task_result
 from .serialization import json_round_trip
-from .signals import task_enqueue_replayed
+from .signals import heard, task_enqueue_replayed
 from .tasks import DEPENDENCY_POLICIES, ConveyorTask
 
 MAX_IDEMPOTENCY_KEY_LENGTH = 255
@@ -125,6 +127,7 @@ class ConveyorBackend(BaseTaskBackend):
         with connections[database].cursor() as cursor:
             enqueued = protocol.enqueue(cursor, jobs, notify=conveyor_settings().NOTIFY)
         results = []
+        send = heard(task_enqueued, log_task_enqueued, logging.DEBUG)
         for task, job, row in zip(tasks, jobs, enqueued, strict=True):
             if not row.created:  # The idempotency key named an existing job.
                 replayed = self._load(database, row.id, created=False)
@@ -141,7 +144,8 @@ class ConveyorBackend(BaseTaskBackend):
                 backend=self.alias,
                 enqueued_at=row.enqueued_at,
             )
-            task_enqueued.send(type(self), task_result=result)
+            if send:
+                task_enqueued.send(type(self), task_result=result)
             results.append(result)
         return results
 

@@ -26,7 +26,15 @@ try:  # Django 6.x ships the framework.
     )
     from django.tasks.base import task as base_task
     from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
-    from django.tasks.signals import task_enqueued, task_finished, task_started
+    from django.tasks.signals import (
+        log_task_enqueued,
+        log_task_finished,
+        log_task_started,
+        task_enqueued,
+        task_finished,
+        task_started,
+    )
+    from django.tasks.signals import logger as tasks_logger
 
     BUILTIN = True
 except ImportError:  # Django 5.2 with the django-tasks backport.
@@ -53,10 +61,14 @@ except ImportError:  # Django 5.2 with the django-tasks backport.
     )
     from django_tasks.exceptions import TaskResultDoesNotExist  # type: ignore[no-redef]
     from django_tasks.signals import (  # type: ignore[no-redef]
+        log_task_enqueued,
+        log_task_finished,
+        log_task_started,
         task_enqueued,
         task_finished,
         task_started,
     )
+    from django_tasks.signals import logger as tasks_logger  # type: ignore[no-redef]
 
     BUILTIN = False
 
@@ -77,8 +89,12 @@ __all__ = [
     "TaskResultDoesNotExist",
     "TaskResultStatus",
     "base_task",
+    "log_task_enqueued",
+    "log_task_finished",
+    "log_task_started",
     "task_backends",
     "task_enqueued",
     "task_finished",
     "task_started",
+    "tasks_logger",
 ]

@@ -9,10 +9,12 @@ handler and never churn a connection per job.
 from __future__ import annotations
 
 import contextlib
+import json
 from typing import Any
 
 import psycopg
 from django.db import connections
+from psycopg.types.json import set_json_loads
 
 
 def connection_params(alias: str) -> dict[str, Any]:
@@ -30,7 +32,13 @@ def connect(alias: str, *, dsn: str | None = None, prepare: bool = True) -> psyc
     else:
         conn = psycopg.connect(**connection_params(alias), autocommit=True)
     conn.prepare_threshold = 2 if prepare else None
+    set_json_loads(_loads, conn)
     return conn
+
+
+def _loads(data: bytes) -> Any:
+    # json.loads() of bytes first sniffs for UTF-16 and UTF-32, which PostgreSQL never sends.
+    return json.loads(data.decode())
 
 
 class LoopConnection:

@@ -17,7 +17,7 @@ from django.db import connections
 
 from . import outcomes
 from .backoff import retry_delay
-from .compat import Task, task_started
+from .compat import Task, log_task_started, task_started
 from .context import JobContext
 from .exceptions import ArgumentsNotSerializable, Discard, LeaseLost, Snooze
 from .leases import HeldLease
@@ -25,6 +25,7 @@ from .logs import log_job
 from .outcomes import Outcome, error_entry
 from .results import ConveyorTaskResult, enqueued_task, task_result
 from .serialization import json_round_trip
+from .signals import heard
 from .states import JobState
 from .tasks import resolve_task
 
@@ -54,7 +55,7 @@ def running_result(task: Task, held: HeldLease) -> ConveyorTaskResult:
     )
 
 
-def call(task: Task, held: HeldLease, result: ConveyorTaskResult) -> Any:
+def call(task: Task, held: HeldLease, result: ConveyorTaskResult | None) -> Any:
     lease = held.lease
     args = (
         [JobContext(task_result=result, held=held), *lease.args]
@@ -112,15 +113,22 @@ def execute(held: HeldLease) -> Outcome:
     """Run one attempt and say what should be written; never raises.
 
     Sends `task_started`; `task_finished` waits until the outcome is
-    written (reporting.py), since the fence may refuse it.
+    written (reporting.py), since the fence may refuse it. The attempt's
+    TaskResult is built only when something uses it: a handler that takes a
+    context, or a receiver of `task_started` other than django.tasks' own
+    log lines while their level is off.
     """
     lease = held.lease
     task: Task | None = None
+    result: ConveyorTaskResult | None = None
     try:
         task = resolve_task(lease.task_path)
         held.timeout = getattr(task, "timeout", None)  # From now on timeouts.py watches it.
-        held.result = result = running_result(task, held)
-        task_started.send(type(result.task.get_backend()), task_result=result)
+        if heard(task_started, log_task_started, logging.INFO):
+            held.result = result = running_result(task, held)
+            task_started.send(type(task.get_backend()), task_result=result)
+        elif task.takes_context:
+            held.result = result = running_result(task, held)
         value = call(task, held, result)
         value = json_round_trip(value, f"{task.name}() return value")
         kind = outcomes.DONE_IN_ATOMIC if held.completed_in_atomic else outcomes.COMPLETE

@@ -80,6 +80,16 @@ class Job(models.Model):
                 name="conveyor_job_claim_idx",
                 condition=Q(state="available"),
             ),
+            # The claim path of a worker of one queue: its own ready rows in
+            # claim order, however many rows of other queues come first.
+            models.Index(
+                "queue",
+                models.F("priority").desc(),
+                "run_after",
+                "id",
+                name="conveyor_job_claim_queue_idx",
+                condition=Q(state="available"),
+            ),
             models.Index(
                 "lease_expires_at",
                 name="conveyor_job_reap_idx",

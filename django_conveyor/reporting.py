@@ -24,10 +24,12 @@ import threading
 from django.db import connections
 
 from . import outcomes
-from .compat import TaskResultStatus, task_finished
-from .executor import connection_hygiene
+from .compat import TaskResultStatus, log_task_finished, task_finished
+from .executor import connection_hygiene, running_result
 from .outcomes import Outcome
 from .results import finished
+from .signals import heard
+from .tasks import task_or_none
 
 logger = logging.getLogger("django_conveyor.worker")
 
@@ -42,11 +44,24 @@ FLUSH_SECONDS = 5.0  # At exit, how long signals still queued may take to be sen
 
 
 def report(outcome: Outcome) -> None:
-    """Send `task_finished` for an outcome that was written; call it after the commit."""
+    """Send `task_finished` for an outcome that was written; call it after the commit.
+
+    Only for an attempt a slot started, and only when something hears the
+    signal (signals.heard): otherwise no result is built at all.
+    """
     status = FINISHED_STATUS.get(outcome.kind)
-    started = outcome.held.result  # The result task_started carried; None if never started.
-    if status is None or started is None:
+    held = outcome.held
+    if status is None or held.started_at is None:
         return
+    level = logging.ERROR if status == TaskResultStatus.FAILED else logging.INFO
+    if not heard(task_finished, log_task_finished, level):
+        return
+    started = held.result
+    if started is None:  # Nobody heard task_started: build it now.
+        task = task_or_none(held.lease.task_path)
+        if task is None:
+            return
+        started = running_result(task, held)
     done = finished(
         started, status=status, return_value=outcome.return_value, error=outcome.error or None
     )
@@ -71,7 +86,7 @@ class Reporter:
         self.thread.start()
 
     def submit(self, outcome: Outcome) -> None:
-        if outcome.kind in FINISHED_STATUS and outcome.held.result is not None:
+        if outcome.kind in FINISHED_STATUS and outcome.held.started_at is not None:
             self.written.put(outcome)
 
     def stop(self) -> None:

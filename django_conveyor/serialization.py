@@ -53,6 +53,15 @@ _UNCHANGED = frozenset({type(None), str, int, bool})
 
 def json_round_trip(value: Any, what: str) -> Any:
     """What the handler will receive: the value after a JSON dump and load."""
-    if type(value) in _UNCHANGED:
+    kind = type(value)
+    if kind in _UNCHANGED:
         return value  # The common return values of handlers, without the round trip.
+    # Flat arguments (ids, names, flags) come back equal from a round trip:
+    # copy them instead, as the round trip would have.
+    if kind is list and all(type(item) in _UNCHANGED for item in value):
+        return list(value)
+    if kind is dict and all(
+        type(key) is str and type(item) in _UNCHANGED for key, item in value.items()
+    ):
+        return dict(value)
     return json.loads(to_json(value, what))

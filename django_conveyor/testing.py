@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -243,6 +244,7 @@ class _RolledBack(Exception):
 
 def _run(held: HeldLease, owner: str, ran: Ran, *, immediate_retries: bool) -> None:
     connection = connections[held.database]
+    held.started_at = time.monotonic()  # As a slot does: the attempt started.
     if not connection.in_atomic_block:  # TransactionTestCase: as in a worker.
         outcome = executor.execute(held)
     else:

@@ -31,3 +31,16 @@ def test_the_overlapping_state_index_is_dropped_and_restored_with_data():
     assert "conveyor_job_state_idx" not in indexes()
     assert {"conveyor_job_list_idx", "conveyor_job_dead_letter_idx"} <= indexes()
     assert Job.objects.filter(state="dead").count() == 3
+
+
+def test_the_queue_led_claim_index_is_built_and_dropped_with_data():
+    loader = MigrationLoader(connection)
+    (before,) = loader.graph.node_map[("conveyor", "0007_claim_by_queue")].parents
+    JobFactory.create_batch(3)
+    try:
+        call_command("migrate", "conveyor", before.key[1], verbosity=0)
+        assert "conveyor_job_claim_queue_idx" not in indexes()
+    finally:
+        call_command("migrate", "conveyor", verbosity=0)
+    assert "conveyor_job_claim_queue_idx" in indexes()
+    assert Job.objects.filter(state="available").count() == 3

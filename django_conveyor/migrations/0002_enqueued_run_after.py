@@ -10,7 +10,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("conveyor", "0006_workflows"),
+        ("conveyor", "0007_claim_by_queue"),
     ]
 
     operations = [

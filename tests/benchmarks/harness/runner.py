@@ -308,8 +308,9 @@ def cells(ctx: Context, workload: str, systems: list[str], phase: str = "final")
         elif workload == "limit":
             settings = [{"batch": b, "pipeline": True} for b in config.LIMIT_BATCHES]
             settings += [{"batch": b, "pipeline": False} for b in (50, 200)]
-            # diagnostic, not the shipped SQL: the claim with an index-friendly paused filter
-            settings += [{"batch": b, "pipeline": True, "claim": "not-exists"} for b in (50, 200)]
+            # diagnostic, not the shipped SQL: the claim's per-row paused filter of before
+            variant = {"pipeline": True, "claim": "per-row-filter"}
+            settings += [{"batch": b, **variant} for b in (50, 200)]
             if ctx.sizes.sweep_settings:
                 settings = settings[: ctx.sizes.sweep_settings]
             if ctx.pinned is not None:

@@ -212,24 +212,30 @@ def workload_growth(run: Run) -> dict[str, Any]:
 # ---------------------------------------------------------------- physical limit
 
 
-# A diagnostic variant, not the shipped SQL: the paused-queue filter written as an
-# anti-join. `queue <> ALL(ARRAY(SELECT ...))` makes the planner estimate one row
-# and sort every ready row per claim; NOT EXISTS keeps the claim index (see
-# docs/performance.md). The limit workload measures both.
-PAUSED_FILTER = "AND queue <> ALL(ARRAY(SELECT name FROM conveyor_queue WHERE paused))"
-PAUSED_ANTI_JOIN = (
-    "AND NOT EXISTS (SELECT 1 FROM conveyor_queue q WHERE q.name = conveyor_job.queue AND q.paused)"
+# A diagnostic variant, not the shipped SQL: CLAIM's queue filter as it was
+# before issue 15, per row (`queue <> ALL(ARRAY(...))`, and no lone-queue
+# constant for the queue-led index), which makes the planner estimate one
+# matching row and sort every ready row per claim. The limit workload
+# measures both, so the table shows what the shipped filter buys.
+SHIPPED_FILTER = """AND queue = ANY(ARRAY(
+          SELECT s.name FROM unnest(%(queues)s::text[]) AS s(name)
+          WHERE NOT EXISTS (SELECT 1 FROM conveyor_queue AS q WHERE q.name = s.name AND q.paused)
+      ))
+      AND (cardinality(%(queues)s::text[]) <> 1 OR queue = (%(queues)s::text[])[1])"""
+PER_ROW_FILTER = (
+    "AND queue = ANY(%(queues)s)"
+    " AND queue <> ALL(ARRAY(SELECT name FROM conveyor_queue WHERE paused))"
 )
 
 
 def claim_sql(protocol: Any, variant: str) -> str:
     if variant == "protocol":
         return protocol.CLAIM
-    if PAUSED_FILTER not in protocol.CLAIM:
+    if SHIPPED_FILTER not in protocol.CLAIM:
         raise RuntimeError(
             "protocol.CLAIM no longer has the paused-queue filter this variant edits"
         )
-    return protocol.CLAIM.replace(PAUSED_FILTER, PAUSED_ANTI_JOIN)
+    return protocol.CLAIM.replace(SHIPPED_FILTER, PER_ROW_FILTER)
 
 
 def _limit_process(
@@ -322,7 +328,7 @@ def workload_limit(run: Run) -> dict[str, Any]:
             "pipeline": pipeline,
             "claim_sql": "protocol.CLAIM as shipped"
             if variant == "protocol"
-            else "diagnostic: paused-queue filter as NOT EXISTS (not the shipped SQL)",
+            else "diagnostic: the per-row paused filter of before issue 15 (not the shipped SQL)",
             "round_trips_per_cycle": 1 if pipeline else 4,
             "driver": "psycopg, jsonb/timestamptz left as text",
         },
