@@ -23,9 +23,8 @@ import threading
 
 from django.db import connections
 
-from . import outcomes
+from . import executor, outcomes
 from .compat import TaskResultStatus, log_task_finished, task_finished
-from .executor import connection_hygiene, running_result
 from .outcomes import Outcome
 from .results import finished
 from .signals import heard
@@ -61,7 +60,7 @@ def report(outcome: Outcome) -> None:
         task = task_or_none(held.lease.task_path)
         if task is None:
             return
-        started = running_result(task, held)
+        started = executor.running_result(task, held)
     done = finished(
         started, status=status, return_value=outcome.return_value, error=outcome.error or None
     )
@@ -101,5 +100,5 @@ class Reporter:
                 report(outcome)
             except Exception:  # A receiver's error is its own, never the worker's.
                 logger.exception("a task_finished receiver raised")
-            connection_hygiene()
+            executor.connection_hygiene()
         connections.close_all()  # This thread's connections, if receivers opened any.

@@ -31,7 +31,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from django.db import connections, transaction
@@ -228,8 +228,7 @@ def _claim(database: str, owner: str, queues: Sequence[str] | None) -> list[prot
         )
     # Django's cursors hand jsonb over as text; the worker's own connection decodes it.
     return [
-        replace(
-            lease,
+        lease._replace(
             args=protocol._loaded(lease.args),
             kwargs=protocol._loaded(lease.kwargs),
             errors=protocol._loaded(lease.errors),
