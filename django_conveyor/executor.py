@@ -18,20 +18,13 @@ from django.db import connections
 
 from . import outcomes
 from .backoff import retry_delay
-from .compat import (
-    Task,
-    TaskResultStatus,
-    log_task_finished,
-    log_task_started,
-    task_finished,
-    task_started,
-)
+from .compat import Task, log_task_started, task_started
 from .context import JobContext
 from .exceptions import ArgumentsNotSerializable, Discard, LeaseLost, Snooze
 from .leases import HeldLease
 from .logs import log_job
 from .outcomes import Outcome, error_entry
-from .results import ConveyorTaskResult, finished, task_result
+from .results import ConveyorTaskResult, enqueued_task, task_result
 from .serialization import json_round_trip
 from .signals import heard
 from .states import JobState
@@ -39,19 +32,17 @@ from .tasks import resolve_task
 
 logger = logging.getLogger("django_conveyor.executor")
 
-FINISHED_STATUS = {
-    outcomes.COMPLETE: TaskResultStatus.SUCCESSFUL,
-    outcomes.DONE_IN_ATOMIC: TaskResultStatus.SUCCESSFUL,
-    outcomes.FAIL: TaskResultStatus.FAILED,
-    outcomes.RETRY: TaskResultStatus.FAILED,
-    outcomes.LOST: TaskResultStatus.FAILED,
-}  # A snooze is not a finish: the job runs again as if it had not started.
-
 
 def running_result(task: Task, held: HeldLease) -> ConveyorTaskResult:
     lease = held.lease
     return task_result(
-        task,
+        enqueued_task(
+            task,
+            priority=lease.priority,
+            queue=lease.queue,
+            run_after=lease.enqueued_run_after,
+            backend=lease.backend,
+        ),
         database=held.database,
         job_id=lease.id,
         state=JobState.RUNNING,
@@ -111,25 +102,6 @@ def classify(exc: BaseException, task: Task | None, held: HeldLease) -> Outcome:
     return outcomes.retry(held, retry_delay(task, held.lease.attempt), error_entry(exc))
 
 
-def report(
-    task: Task | None, held: HeldLease, result: ConveyorTaskResult | None, outcome: Outcome
-) -> None:
-    """Send `task_finished`, building the result only if someone will see it."""
-    status = FINISHED_STATUS.get(outcome.kind)
-    if task is None or status is None:
-        return
-    level = logging.ERROR if status == TaskResultStatus.FAILED else logging.INFO
-    if not heard(task_finished, log_task_finished, level):
-        return
-    done = finished(
-        result or running_result(task, held),
-        status=status,
-        return_value=outcome.return_value,
-        error=outcome.error or None,
-    )
-    task_finished.send(type(task.get_backend()), task_result=done)
-
-
 def connection_hygiene() -> None:
     """Drop broken or obsolete handler connections, but keep healthy ones.
 
@@ -146,9 +118,11 @@ def connection_hygiene() -> None:
 def execute(held: HeldLease) -> Outcome:
     """Run one attempt and say what should be written; never raises.
 
-    The attempt's TaskResult is built only when something uses it: a handler
-    that takes a context, or a receiver of `task_started` / `task_finished`
-    other than django.tasks' own log lines while their level is off.
+    Sends `task_started`; `task_finished` waits until the outcome is
+    written (reporting.py), since the fence may refuse it. The attempt's
+    TaskResult is built only when something uses it: a handler that takes a
+    context, or a receiver of `task_started` other than django.tasks' own
+    log lines while their level is off.
     """
     lease = held.lease
     task: Task | None = None
@@ -157,10 +131,10 @@ def execute(held: HeldLease) -> Outcome:
         task = resolve_task(lease.task_path)
         held.timeout = getattr(task, "timeout", None)  # From now on timeouts.py watches it.
         if heard(task_started, log_task_started, logging.INFO):
-            result = running_result(task, held)
+            held.result = result = running_result(task, held)
             task_started.send(type(task.get_backend()), task_result=result)
         elif task.takes_context:
-            result = running_result(task, held)
+            held.result = result = running_result(task, held)
         value = call(task, held, result)
         value = json_round_trip(value, f"{task.name}() return value")
         kind = outcomes.DONE_IN_ATOMIC if held.completed_in_atomic else outcomes.COMPLETE
@@ -171,9 +145,7 @@ def execute(held: HeldLease) -> Outcome:
             outcome = Outcome(outcomes.DONE_IN_ATOMIC, held)
         else:
             outcome = classify(exc, task, held)
+            outcome.exception = exc  # For task_finished receivers' sys.exc_info().
             level = logging.INFO if outcome.kind == outcomes.SNOOZE else logging.WARNING
             log_job(logger, level, lease, "raised %s", type(exc).__name__)
-    finally:
-        connection_hygiene()
-    report(task, held, result, outcome)
     return outcome

@@ -27,6 +27,7 @@ from .protocol import Cursor, Lease
 
 if TYPE_CHECKING:
     from .instrument import Instrument, Stats
+    from .results import ConveyorTaskResult
 
 logger = logging.getLogger("django_conveyor.worker")
 
@@ -50,6 +51,11 @@ class HeldLease:
     cancel_requested: bool = False  # An operator asked to cancel it (context.cancel_requested).
     # Set by the executor while an async handler runs: cancels its asyncio task.
     cancel_async: Callable[[], None] | None = None
+    # The result task_started carried (set by the executor); task_finished builds on it.
+    result: ConveyorTaskResult | None = None
+    # Atomic blocks open around the handler on its connection: a test's, when
+    # django_conveyor.testing runs it; 0 in a worker. context.atomic() nests in them.
+    outer_atomic_blocks: int = 0
 
     def mark_lost(self, reason: str) -> None:
         """Tell the handler (context.lease_held()) that its outcome will not count."""
@@ -178,12 +184,14 @@ class Leases:
         self.stats.add("outcomes_refused", len(each.replaced) + len(each.abandoned))
         return each.written
 
-    def settle(self, written: dict[int, str]) -> None:
+    def settle(self, written: dict[int, str]) -> list[Outcome]:
         """After the commit: forget the written leases, count, report what was refused.
 
         Outcomes stay pending until the commit succeeds, so a connection lost
-        mid-cycle only means the same guarded writes are sent again.
+        mid-cycle only means the same guarded writes are sent again. Returns
+        the outcomes that were written, for `task_finished` (reporting.py).
         """
+        done = []
         for job_id, outcome in self.pending.items():
             if self.held.get(job_id) is outcome.held:
                 del self.held[job_id]
@@ -191,12 +199,14 @@ class Leases:
             if result is None:
                 self.refused(outcome, "stale outcome (%s) refused")
             else:
+                done.append(outcome)
                 self.stats.add(result)
                 if self.instrument:
                     self.instrument.outcome_written(
                         outcome.kind, result, outcome.lease, outcome.held.duration
                     )
         self.pending.clear()
+        return done
 
     def refused(self, outcome: Outcome, message: str) -> None:
         self.stats.add("stale_outcomes")

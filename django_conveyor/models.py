@@ -32,7 +32,9 @@ class Job(models.Model):
     state = models.CharField(max_length=16, choices=JobState.choices, default=JobState.AVAILABLE)
     attempt = models.IntegerField(default=0)
     max_attempts = models.IntegerField(default=5)
-    run_after = models.DateTimeField()
+    run_after = models.DateTimeField()  # When the job is next due (retries and snoozes move it).
+    # The run_after it was enqueued with (None: not deferred), as get_result() reports it.
+    enqueued_run_after = models.DateTimeField(null=True, blank=True)
     lease_owner = models.CharField(max_length=64, null=True, blank=True)  # noqa: DJ001
     lease_version = models.BigIntegerField(default=0)
     lease_expires_at = models.DateTimeField(null=True, blank=True)

@@ -65,6 +65,7 @@ class Outcome:
     delay: float = 0.0  # Seconds before the job is due again (RETRY, SNOOZE).
     error: dict[str, Any] = field(default_factory=dict)  # The attempt's error entry.
     note: str | None = None  # What the worker changed (a capped delay), recorded with it.
+    exception: BaseException | None = None  # What the handler raised, for task_finished.
 
     @property
     def lease(self) -> Lease:

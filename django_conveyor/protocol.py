@@ -126,12 +126,12 @@ WITH input AS (
 ), inserted AS (
     INSERT INTO conveyor_job (
         task_path, args, kwargs, queue, backend, priority, state, attempt, max_attempts,
-        run_after, lease_version, idempotency_key, errors, enqueued_at,
+        run_after, enqueued_run_after, lease_version, idempotency_key, errors, enqueued_at,
         pending_dependencies, dependency_policy
     )
     SELECT task_path, args, kwargs, queue, backend, priority,
            CASE WHEN pending > 0 THEN 'blocked' ELSE 'available' END, 0, max_attempts,
-           COALESCE(run_after, now()), 0, idempotency_key, '[]'::jsonb, now(),
+           COALESCE(run_after, now()), run_after, 0, idempotency_key, '[]'::jsonb, now(),
            pending, policy
     FROM input ORDER BY ord
     ON CONFLICT (idempotency_key) DO NOTHING
@@ -208,7 +208,7 @@ WITH picked AS (
 SELECT id, task_path, args, kwargs, queue, backend, priority, attempt, max_attempts,
        lease_version, idempotency_key, enqueued_at, started_at, lease_owner,
        extract(epoch FROM started_at - greatest(enqueued_at, run_after))::float8,
-       NULLIF(errors, '[]'::jsonb), isolated
+       NULLIF(errors, '[]'::jsonb), isolated, enqueued_run_after
 FROM claimed
 ORDER BY priority DESC, run_after, id
 """
@@ -608,11 +608,11 @@ WITH due AS (
 CRON_ENQUEUE = f"""{CRON_ROW_GUARD}, inserted AS (
     INSERT INTO conveyor_job (
         task_path, args, kwargs, queue, backend, priority, state, attempt, max_attempts,
-        run_after, lease_version, idempotency_key, errors, enqueued_at
+        run_after, enqueued_run_after, lease_version, idempotency_key, errors, enqueued_at
     )
     SELECT %(task_path)s, %(args)s::jsonb, %(kwargs)s::jsonb, %(queue)s, %(backend)s,
-           %(priority)s, 'available', 0, %(max_attempts)s, %(tick)s, 0, %(key)s, '[]'::jsonb,
-           now()
+           %(priority)s, 'available', 0, %(max_attempts)s, %(tick)s, %(tick)s, 0, %(key)s,
+           '[]'::jsonb, now()
     FROM due
     ON CONFLICT (idempotency_key) DO NOTHING
     RETURNING id, queue, run_after
@@ -692,6 +692,7 @@ class Lease(NamedTuple):
     pickup_delay: float  # Seconds from when the job was due (enqueued or run_after) to now.
     errors: list[dict[str, Any]] | None  # Entries of earlier attempts; None when none.
     isolated: bool  # Taken by CLAIM_ISOLATED: it runs without claim-ahead siblings.
+    enqueued_run_after: datetime | None  # run_after as enqueued; None: not deferred.
 
 
 @dataclass(frozen=True, slots=True)

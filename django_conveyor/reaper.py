@@ -14,6 +14,7 @@ from typing import NamedTuple
 
 from . import protocol
 from .conf import DEFAULT_REAP_SECONDS
+from .logs import log_job
 from .protocol import Cursor
 from .services import Now
 from .states import JobState
@@ -40,10 +41,9 @@ class Reaper:
     def run_once(self, cursor: Cursor, now: Now) -> ReapCounts:
         reaped = protocol.reap(cursor, limit=self.batch)
         for row in reaped:
-            logger.warning(
-                "job=%s task=%s queue=%s attempt=%s token=%s reaped from worker %s: "
-                "lease expired -> %s",
-                row.id, row.task_path, row.queue, row.attempt, row.version, row.owner, row.state,
+            log_job(
+                logger, logging.WARNING, row, "reaped from worker %s: lease expired -> %s",
+                row.owner, row.state,
             )  # fmt: skip
         dead = sum(row.state == JobState.DEAD for row in reaped)
         return ReapCounts(reaped=len(reaped), reaped_dead=dead)

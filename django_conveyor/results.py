@@ -89,6 +89,26 @@ def task_error(entry: Mapping[str, Any]) -> TaskError:
     )
 
 
+def enqueued_task(
+    task: Task, *, priority: int, queue: str, run_after: datetime | None, backend: str
+) -> Task:
+    """`task` as this job was enqueued: its priority, queue, run_after and backend.
+
+    As django.tasks' database backends do, from the row; the decorated task
+    itself when nothing differs (the common case, and no copy to make).
+    """
+    changes: dict[str, Any] = {}
+    if priority != task.priority:
+        changes["priority"] = priority
+    if queue != task.queue_name:
+        changes["queue_name"] = queue
+    if run_after is not None and run_after != task.run_after:
+        changes["run_after"] = run_after
+    if backend != task.backend:
+        changes["backend"] = backend
+    return Task.using(task, **changes) if changes else task
+
+
 def task_result(
     task: Task,
     *,
@@ -152,6 +172,13 @@ def result_from_job(job: Job, *, database: str, created: bool = True) -> Conveyo
         task = resolve_task(job.task_path)
     except UnknownTask as exc:
         raise TaskResultDoesNotExist(str(exc)) from exc
+    task = enqueued_task(
+        task,
+        priority=job.priority,
+        queue=job.queue,
+        run_after=job.enqueued_run_after,
+        backend=job.backend,
+    )
     return task_result(
         task,
         database=database,

@@ -19,10 +19,15 @@ alive: the command then ends it (`run_to_exit`), without waiting for
 handler threads, so the first signal ends a worker within about the
 shutdown timeout, whatever its handlers do.
 
-A second signal exits at once with 128 + the signal number: nothing is
-handed back, the leases expire and are reaped. Under `--processes`, the
-supervisor (supervisor.py) turns each signal it receives into one SIGTERM
-per child.
+A repeat of a stop signal within REPEAT_GRACE_SECONDS of the first is the
+same stop: a signal sent to a whole process group (systemd's control group,
+supervisord's stopasgroup, `kill -TERM -<pgid>`, a terminal's Ctrl-C)
+reaches a process next to another party that forwards it too, so one stop
+often arrives twice. A hard stop exits at once with 128 + the signal
+number: nothing is handed back, the leases expire and are reaped. It is
+SIGQUIT (Ctrl-\\ in a terminal), or a stop signal repeated after the grace
+interval. A child of `--processes` never takes a repeat for a hard stop:
+its supervisor (supervisor.py) decides, and relays a hard stop as SIGQUIT.
 """
 
 from __future__ import annotations
@@ -49,33 +54,58 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("django_conveyor.worker")
 
+REPEAT_GRACE_SECONDS = 2.0  # A repeated stop signal this soon is the same stop.
+HARD_STOP_SIGNAL = signal.SIGQUIT  # Always a hard stop, whoever sends it.
 DRAIN_PASS_SECONDS = 0.05  # How often the drain looks for finished handlers.
 DRAIN_RETRY_SECONDS = 0.2  # Pause after a database error while draining.
 
 
 class StopSignals:
-    """First signal: stop gracefully. Second: exit at once."""
+    """First stop signal: stop gracefully. A hard stop: SIGQUIT, or a late repeat.
 
-    def __init__(self, stop: Callable[[], None], signals: tuple[int, ...]) -> None:
+    With `repeat_is_hard=False` (a supervised child) a repeated stop signal
+    is never a hard stop, however late; only SIGQUIT is.
+    """
+
+    def __init__(
+        self, stop: Callable[[], None], signals: tuple[int, ...], *, repeat_is_hard: bool = True
+    ) -> None:
         self.stop = stop
         self.signals = signals
-        self.seen = 0
+        self.repeat_is_hard = repeat_is_hard
+        self.first_at: float | None = None  # time.monotonic() of the first stop signal.
 
     def install(self) -> None:
         if threading.current_thread() is not threading.main_thread():
             return  # Signal handlers can only be set from the main thread.
-        for signum in self.signals:
+        handled = (*self.signals, HARD_STOP_SIGNAL) if self.signals else ()
+        for signum in handled:
             signal.signal(signum, self.on_signal)
+        # A supervisor forks its children with these blocked, so that a stop
+        # sent before the handlers exist waits for them instead of killing.
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, handled)
 
     def on_signal(self, signum: int, frame: FrameType | None) -> None:
-        self.seen += 1
         name = signal.Signals(signum).name
-        if self.seen > 1:
+        if is_hard_stop(signum, self.first_at, repeat_is_hard=self.repeat_is_hard):
             # Leases we hold expire and are reaped.
-            os.write(2, f"conveyor worker: {name} again, exiting now\n".encode())
+            os.write(2, f"conveyor worker: {name}: hard stop, exiting now\n".encode())
             os._exit(128 + signum)
+        if self.first_at is not None:
+            logger.info("%s received again: already stopping (a repeat is the same stop)", name)
+            return
+        self.first_at = time.monotonic()
         logger.info("%s received: finishing in-flight jobs", name)
         self.stop()
+
+
+def is_hard_stop(signum: int, first_at: float | None, *, repeat_is_hard: bool = True) -> bool:
+    """SIGQUIT, or a stop signal repeated after the grace interval (when repeats count)."""
+    if signum == HARD_STOP_SIGNAL:
+        return True
+    if first_at is None or not repeat_is_hard:
+        return False
+    return time.monotonic() - first_at >= REPEAT_GRACE_SECONDS
 
 
 def drain(worker: Worker) -> None:

@@ -121,6 +121,7 @@ class SlotPool:
             held.started_at = time.monotonic()  # The executor sets held.timeout.
             try:
                 outcome = executor.execute(held)
+                executor.connection_hygiene()
             finally:
                 held.finished_at = time.monotonic()
                 with self.busy_lock:

@@ -44,6 +44,7 @@ from .listener import Listener
 from .outcomes import Outcome
 from .reaper import Reaper
 from .registry import Registry, WorkerInfo
+from .reporting import Reporter
 from .scheduler import SchedulerService
 from .services import Now, Schedule, Service
 from .slots import SlotPool
@@ -92,6 +93,7 @@ class WorkerOptions:
     worker_id: str | None = None  # A new host:pid:random id.
     cron: bool = True  # Run the scheduler service (periodic jobs); --no-cron turns it off.
     stop_signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT)
+    supervised: bool = False  # A child of --processes: its supervisor decides on a hard stop.
     instrument: Instrument | None = None  # Metrics hook; None reports nothing.
 
 
@@ -188,6 +190,7 @@ class Worker:
             lease_seconds=config.lease_seconds,
         )
         self.slots = SlotPool(config.concurrency, self.on_outcome)
+        self.reporter = Reporter()  # task_finished, once an outcome committed.
         self.claimer = Claimer(
             owner=config.worker_id,
             queues=config.queues,
@@ -210,7 +213,9 @@ class Worker:
         )
         self.wake = threading.Event()
         self.stopping = threading.Event()
-        self.signals = shutdown.StopSignals(self.stop, options.stop_signals)
+        self.signals = shutdown.StopSignals(
+            self.stop, options.stop_signals, repeat_is_hard=not options.supervised
+        )
 
     def services(self) -> list[Service]:
         """The maintenance services the control loop schedules, in the order a pass runs them."""
@@ -239,6 +244,7 @@ class Worker:
             "listen+poll" if config.listen else "poll-only",
         )
         self.slots.start()
+        self.reporter.start()
         if config.listen:
             Listener(
                 database=config.database,
@@ -253,6 +259,7 @@ class Worker:
             self.deregister()
         finally:
             self.slots.stop()
+            self.reporter.stop()
             self.connection.drop()
         logger.info(
             "worker %s stopped: %s", self.worker_id, dict(sorted(self.stats.counts.items()))
@@ -358,7 +365,8 @@ class Worker:
             with conn.transaction(), conn.cursor() as cur:
                 written = leases.write_each(cur, conn.transaction)
                 claimed = self.claimer.claim(cur, steps, now)
-        leases.settle(written)
+        for outcome in leases.settle(written):
+            self.reporter.submit(outcome)
         for held in leases.take(claimed):
             self.slots.submit(held)
         return len(claimed)

@@ -8,6 +8,8 @@ from django_conveyor.models import Job
 from tests.helpers import clear_task_caches, kill_group
 from tests.pgbouncer.bouncer import is_session_state_error
 
+pytest_plugins = ["django_conveyor.testing"]  # The `conveyor` fixture, as a project uses it.
+
 
 @pytest.fixture(autouse=True)
 def _fresh_task_caches():

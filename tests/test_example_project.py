@@ -51,3 +51,15 @@ def test_demo_reaches_the_expected_states(demo_database):
     )  # fmt: skip
     assert again.returncode == 0, again.stdout + again.stderr
     assert "Created the API key" not in again.stdout and f"API key:      {key}" in again.stdout
+
+
+@pytest.mark.slow
+def test_the_example_projects_own_tests_pass(db):
+    with scratch_database("conveyor_example_tests") as url:
+        env = {**os.environ, "DATABASE_URL": url, "DJANGO_SETTINGS_MODULE": "shop_site.settings"}
+        proc = subprocess.run(
+            [sys.executable, "example_project/manage.py", "test", "shop", "--noinput", "-v", "2"],
+            cwd=REPO, env=env, capture_output=True, text=True, timeout=180,
+        )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "Ran 4 tests" in proc.stderr and "OK" in proc.stderr

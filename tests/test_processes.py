@@ -12,6 +12,7 @@ import pytest
 from django.db.models import Count
 
 from django_conveyor.models import Job, LedgerEntry
+from django_conveyor.shutdown import REPEAT_GRACE_SECONDS
 from tests.helpers import REPO, stop_process, wait_until, worker_env
 from tests.helpers import start_logged_worker as worker
 from tests.testapp import tasks
@@ -167,12 +168,13 @@ def test_shutdown_lets_in_flight_jobs_finish(procs, tmp_path):
     assert Job.objects.get(pk=result.id).state == "completed"
 
 
-def test_second_signal_exits_at_once(procs, tmp_path):
+def test_second_signal_after_the_grace_interval_exits_at_once(procs, tmp_path):
     tasks.sleeper.enqueue(30)
     proc = worker(procs, tmp_path, "w", "--shutdown-timeout", "60", "--concurrency", "1")
     wait_until(lambda: Job.objects.filter(state="running").exists())
     os.kill(proc.pid, signal.SIGTERM)
-    time.sleep(0.5)
+    wait_until(lambda: "SIGTERM received" in (tmp_path / "w.log").read_text())
+    time.sleep(REPEAT_GRACE_SECONDS + 0.1)  # The first stop was noted before its log line.
     os.kill(proc.pid, signal.SIGTERM)
     assert proc.wait(10) == 128 + signal.SIGTERM
     assert Job.objects.get().state == "running"  # left for the reaper

@@ -1,6 +1,7 @@
 """Task handlers the tests enqueue; each leaves an observable trace."""
 
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -273,6 +274,33 @@ def unchecked_poison(kind):
     if kind == "nul_return":
         return "a\x00b"
     raise ValueError("unchecked: bad byte \x00")
+
+
+GATE = threading.Event()  # Opened by a test; in-process workers only.
+
+
+@task()
+def gated(label):
+    """Waits until the test opens GATE, so the test can act while it runs."""
+    GATE.wait(30)
+    return label
+
+
+@task()
+def enqueues_next(label, left):
+    """Records `label`, then enqueues itself until `left` reaches 0 (a chain of jobs)."""
+    Effect.objects.create(job_id=0, token=0, worker="", label=label)
+    if left:
+        enqueues_next.enqueue(f"{label}+", left - 1)
+
+
+@task(max_attempts=2)
+def breaks_its_statement():
+    """A statement PostgreSQL refuses: aborts the transaction it runs in."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT no_such_column FROM conveyor_job")
 
 
 @task()

@@ -169,7 +169,7 @@ class Command(BaseCommand):
         if options["processes"] == 1:
             code = exporter(worker_options, 0)
         else:
-            child_options = replace(worker_options, stop_signals=(signal.SIGTERM,))
+            child_options = replace(worker_options, stop_signals=(signal.SIGTERM,), supervised=True)
             code = Supervisor(
                 options["processes"],
                 lambda slot: exporter(child_options, slot),
