@@ -76,7 +76,12 @@ def test_an_async_handler_is_cancelled_with_its_task(worker):
     wait_until(lambda: running(job_id))
     operations.request_cancel([job_id])
     wait_until(lambda: Job.objects.get(pk=job_id).state == "cancelled")
+    # The handler's CancelledError branch records this effect: Task.cancel() reached it.
     wait_until(lambda: Effect.objects.filter(label="async cancelled").exists())
+    job = Job.objects.get(pk=job_id)
+    assert job.state == "cancelled"
+    assert job.return_value is None  # The sleep never finished ("slept" was never stored).
+    assert Effect.objects.filter(label="async cancelled").count() == 1
 
 
 def test_a_worker_registers_refreshes_its_row_and_marks_its_clean_exit(worker):
