@@ -38,8 +38,10 @@ class Job(models.Model):
     lease_owner = models.CharField(max_length=64, null=True, blank=True)  # noqa: DJ001
     lease_version = models.BigIntegerField(default=0)
     lease_expires_at = models.DateTimeField(null=True, blank=True)
-    # NULL, not "", so that unkeyed jobs never collide in the unique index.
-    idempotency_key = models.CharField(max_length=255, null=True, blank=True, unique=True)
+    # NULL, not "", for unkeyed jobs: the unique index (conveyor_job_idempotency_key_uniq)
+    # holds keyed rows only, so the claims and completions of the others do not
+    # write to it.
+    idempotency_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
     errors = models.JSONField(default=list, blank=True)
     return_value = models.JSONField(null=True, blank=True)
     enqueued_at = models.DateTimeField()
@@ -139,6 +141,13 @@ class Job(models.Model):
             models.Index(fields=["state", "queue", "id"], name="conveyor_job_list_idx"),
         ]
         constraints = [
+            # Partial: most jobs have no key, and every claim and completion of a
+            # row writes a new entry in each index that covers it.
+            models.UniqueConstraint(
+                fields=["idempotency_key"],
+                condition=Q(idempotency_key__isnull=False),
+                name="conveyor_job_idempotency_key_uniq",
+            ),
             models.CheckConstraint(condition=PRIORITY_RANGE, name="conveyor_job_priority_range"),
             models.CheckConstraint(
                 condition=Q(state__in=[s.value for s in JobState]), name="conveyor_job_state_valid"

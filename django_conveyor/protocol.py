@@ -134,7 +134,7 @@ WITH input AS (
            COALESCE(run_after, now()), run_after, 0, idempotency_key, '[]'::jsonb, now(),
            pending, policy
     FROM input ORDER BY ord
-    ON CONFLICT (idempotency_key) DO NOTHING
+    ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id, idempotency_key, queue, run_after, enqueued_at, state
 )
 SELECT id, idempotency_key, enqueued_at, run_after, state,
@@ -614,7 +614,7 @@ CRON_ENQUEUE = f"""{CRON_ROW_GUARD}, inserted AS (
            %(priority)s, 'available', 0, %(max_attempts)s, %(tick)s, %(tick)s, 0, %(key)s,
            '[]'::jsonb, now()
     FROM due
-    ON CONFLICT (idempotency_key) DO NOTHING
+    ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id, queue, run_after
 ), advanced AS (
     UPDATE conveyor_cron AS c
