@@ -28,8 +28,9 @@ def indexes_on(column: str) -> dict[str, str]:
 
 
 def test_the_idempotency_key_is_unique_among_keyed_rows_only():
-    assert set(indexes_on("idempotency_key")) == {"conveyor_job_idempotency_key_uniq"}
-    (definition,) = indexes_on("idempotency_key").values()
+    indexes = indexes_on("idempotency_key")
+    assert set(indexes) == {"conveyor_job_idempotency_key_uniq"}
+    definition = indexes["conveyor_job_idempotency_key_uniq"]
     assert "UNIQUE" in definition and "WHERE (idempotency_key IS NOT NULL)" in definition
 
 

@@ -64,15 +64,6 @@ def parse_args() -> argparse.Namespace:
     return ap.parse_args()
 
 
-def setup_django() -> None:
-    os.environ["DJANGO_SETTINGS_MODULE"] = "tests.settings"
-    os.environ["CONVEYOR_DB_NAME"] = DATABASE
-    os.environ["CONVEYOR_SHARD_DB_NAME"] = SHARD
-    import django
-
-    django.setup()
-
-
 def fill(finished: int, ready: int) -> float:
     from django.db import connection
 
@@ -187,7 +178,7 @@ def _indexes(node: dict) -> set[str]:
 
 def main() -> int:
     args = parse_args()
-    setup_django()
+    scratch.setup_django(DATABASE, SHARD)
     from django.core.management import call_command
 
     scratch.recreate(DATABASE, SHARD)

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -53,15 +52,6 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--out", type=Path, default=None)
     return ap.parse_args()
-
-
-def setup_django() -> None:
-    os.environ["DJANGO_SETTINGS_MODULE"] = "tests.settings"
-    os.environ["CONVEYOR_DB_NAME"] = DATABASE
-    os.environ["CONVEYOR_SHARD_DB_NAME"] = SHARD
-    import django
-
-    django.setup()
 
 
 def variants() -> dict[str, Callable[[], None]]:
@@ -106,8 +96,9 @@ def measure(calls: int, rounds: int) -> dict[str, list[dict[str, float]]]:
     with connection.cursor() as cursor:
         cursor.execute("CREATE TABLE bench_floor (id bigserial PRIMARY KEY, payload jsonb)")
     results: dict[str, list[dict[str, float]]] = {}
+    calls_by_name = variants()
     for _ in range(rounds):
-        for name, call in variants().items():
+        for name, call in calls_by_name.items():
             wall, cpu = time.perf_counter(), time.process_time()
             for _ in range(calls):
                 call()
@@ -124,7 +115,7 @@ def measure(calls: int, rounds: int) -> dict[str, list[dict[str, float]]]:
 
 def main() -> int:
     args = parse_args()
-    setup_django()
+    scratch.setup_django(DATABASE, SHARD)
     import logging
 
     from django.core.management import call_command

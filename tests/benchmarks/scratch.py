@@ -8,6 +8,19 @@ from pathlib import Path
 from typing import Any
 
 
+def setup_django(database: str, shard: str | None = None) -> None:
+    """Django on the suite's settings, pointed at a scratch database (and shard) of its own."""
+    import os
+
+    os.environ["DJANGO_SETTINGS_MODULE"] = "tests.settings"
+    os.environ["CONVEYOR_DB_NAME"] = database
+    if shard:
+        os.environ["CONVEYOR_SHARD_DB_NAME"] = shard
+    import django
+
+    django.setup()
+
+
 def admin_sql(*statements: str) -> None:
     """Run statements on the server's `postgres` database (create or drop databases)."""
     import psycopg

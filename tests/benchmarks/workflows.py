@@ -40,11 +40,7 @@ NOOP = "tests.testapp.tasks.noop"
 
 
 def setup_django() -> None:
-    os.environ["DJANGO_SETTINGS_MODULE"] = "tests.settings"
-    os.environ["CONVEYOR_DB_NAME"] = DB_NAME
-    import django
-
-    django.setup()
+    scratch.setup_django(DB_NAME)
     scratch.recreate(DB_NAME)
     from django.core.management import call_command
 
