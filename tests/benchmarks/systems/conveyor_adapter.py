@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import json
 import multiprocessing
 import os
 import signal
@@ -21,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import bench_common
+import limit_cycle
 from bench_common import Run, stop, tail, timed
 from djsystems import DjangoAdapter
 
@@ -241,39 +241,15 @@ def claim_sql(protocol: Any, variant: str) -> str:
 def _limit_process(
     url: str, batch: int, pipeline: bool, barrier: Any, results: Any, claim: str, protocol: Any
 ) -> None:
-    import psycopg
-    from psycopg.types.string import TextLoader
-
-    conn = psycopg.connect(url, autocommit=True)
-    conn.prepare_threshold = 2  # as the worker's connection
-    for name in ("jsonb", "json", "timestamptz"):  # no decoding: the SQL, not Python
-        conn.adapters.register_loader(name, TextLoader)
-    owner = f"limit:{os.getpid()}"
-    claim_params = {"queues": ["default"], "limit": batch, "owner": owner, "lease": 300.0}
-    held: str | None = None
-    cycles = 0
-    complete_cur, claim_cur = conn.cursor(), conn.cursor()
+    conn = limit_cycle.connect(url)
     barrier.wait()
-    while True:
-        cycles += 1
-        if pipeline:
-            with conn.pipeline() as pipe:
-                conn.execute("BEGIN")
-                if held:
-                    complete_cur.execute(protocol.COMPLETE, {"held": held, "owner": owner})
-                claim_cur.execute(claim, claim_params)
-                conn.execute("COMMIT")
-                pipe.sync()
-                rows = claim_cur.fetchall()
-        else:  # what a plain psycopg transaction costs: BEGIN, statements, COMMIT
-            with conn.transaction():
-                if held:
-                    complete_cur.execute(protocol.COMPLETE, {"held": held, "owner": owner})
-                claim_cur.execute(claim, claim_params)
-                rows = claim_cur.fetchall()
-        if not rows:
-            break
-        held = json.dumps([{"id": r[0], "version": r[9], "return_value": None} for r in rows])
+    cycles = limit_cycle.run_cycles(
+        conn,
+        limit_cycle.shipped(protocol, claim),
+        owner=f"limit:{os.getpid()}",
+        batch=batch,
+        pipeline=pipeline,
+    )
     results.put(cycles)
     conn.close()
 
