@@ -77,6 +77,7 @@ class Design:
     statements: Callable[[Any], Statements]
     ddl: tuple[str, ...] = ()
     pipeline: bool = True
+    threads: int = 1  # Connections driven by threads of one process (a worker's overlap).
 
 
 def _claim(protocol: Any) -> str:
@@ -109,6 +110,17 @@ WHERE j.id = h.id AND j.state = 'running'
   AND j.lease_owner = %(owner)s AND j.lease_version = h.version
 RETURNING j.id
 """
+
+
+COMPLETE_BY_ID = COMPLETE_ARRAYS.replace(
+    "WHERE j.id = h.id", "WHERE j.id = ANY(%(ids)s::bigint[]) AND j.id = h.id"
+)
+
+
+def complete_by_id(protocol: Any) -> Statements:
+    return Statements(
+        claim=_claim(protocol), complete=tagged("complete", COMPLETE_BY_ID), held=held_arrays
+    )
 
 
 def held_arrays(rows: Sequence[Any], version_at: int) -> dict[str, Any]:
@@ -180,8 +192,35 @@ def fused_unblock(protocol: Any) -> Statements:
     return Statements(claim=fused_sql(protocol, unblock=True), fused=True)
 
 
+# A stand-in for the claim-ahead frontier (see var/design-perf.md): one single-row
+# update of the worker's registry row per cycle, in the cycle's transaction.
+HAND_OUT = """
+UPDATE conveyor_worker SET last_seen_at = greatest(last_seen_at, now()) WHERE id = %(owner)s
+"""
+WORKER_ROWS = tuple(
+    "INSERT INTO conveyor_worker (id, host, pid, queues, concurrency, started_at, last_seen_at,"
+    f" leases_held, version) VALUES ('stmt:{i}', 'h', 1, '[]', 10, now(), now(), 0, 'x')"
+    for i in range(8)
+)
+
+
+def with_hand_out(protocol: Any) -> Statements:
+    return Statements(
+        claim=_claim(protocol),
+        complete=_complete(protocol),
+        per_cycle=tagged("hand-out", HAND_OUT),
+    )
+
+
 def drop(*indexes: str) -> tuple[str, ...]:
     return tuple(f"DROP INDEX {name}" for name in indexes)
+
+
+FINAL = "state IN ('completed', 'failed', 'dead', 'cancelled')"
+
+
+def recreate(name: str, columns: str, where: str) -> tuple[str, ...]:
+    return (f"DROP INDEX {name}", f"CREATE INDEX {name} ON conveyor_job ({columns}) WHERE {where}")
 
 
 DESIGNS = {
@@ -196,6 +235,12 @@ DESIGNS = {
             with_unblock,
         ),
         Design(
+            "shipped+hand-out",
+            "the shipped pair plus one single-row update of the worker's row per cycle",
+            with_hand_out,
+            ddl=WORKER_ROWS,
+        ),
+        Design(
             "not-pipelined",
             "the shipped pair as four round trips (BEGIN, COMPLETE, CLAIM, COMMIT)",
             shipped,
@@ -205,6 +250,17 @@ DESIGNS = {
             "complete-arrays",
             "COMPLETE reads typed arrays (unnest) instead of a JSON recordset",
             complete_arrays,
+        ),
+        Design(
+            "complete-by-id",
+            "COMPLETE reads typed arrays and finds its rows by primary key (id = ANY)",
+            complete_by_id,
+        ),
+        Design(
+            "threads-2",
+            "the shipped pair on two connections driven by two threads of one process",
+            shipped,
+            threads=2,
         ),
         Design(
             "fused",
@@ -251,6 +307,21 @@ DESIGNS = {
             "diagnostic: without conveyor_job_finished_idx",
             shipped,
             ddl=drop("conveyor_job_finished_idx"),
+        ),
+        Design(
+            "secondary-not-running",
+            "queue_id, task_id and list indexes without running rows (the reap index has them)",
+            shipped,
+            ddl=recreate("conveyor_job_queue_id_idx", "queue, id", "state <> 'running'")
+            + recreate("conveyor_job_task_id_idx", "task_path, id", "state <> 'running'")
+            + recreate("conveyor_job_list_idx", "state, queue, id", "state <> 'running'"),
+        ),
+        Design(
+            "admin-final-only",
+            "queue_id and task_id indexes on finished rows only",
+            shipped,
+            ddl=recreate("conveyor_job_queue_id_idx", "queue, id", FINAL)
+            + recreate("conveyor_job_task_id_idx", "task_path, id", FINAL),
         ),
         Design(
             "bare-indexes",
@@ -482,9 +553,9 @@ def measure_drain(design: Design, n: int, batch: int, processes: int) -> dict[st
         conn.execute("CHECKPOINT")
         conn.execute("SELECT pg_stat_statements_reset()")
         before = counters(conn)
-        started = time.perf_counter()
-        cycles = _drive(dsn, stmts, batch, design.pipeline, processes)
-        window = time.perf_counter() - started
+        started, cpu = time.perf_counter(), time.process_time()
+        cycles, server_cpu = _drive(dsn, stmts, batch, design.pipeline, processes, design.threads)
+        window, cpu = time.perf_counter() - started, time.process_time() - cpu
         time.sleep(0.3)  # the loop's backends have exited: their statistics are flushed
         after = counters(conn)
         completed = conn.execute(
@@ -508,6 +579,8 @@ def measure_drain(design: Design, n: int, batch: int, processes: int) -> dict[st
         "cycles": cycles,
         "jobs_per_s": n / window,
         "server_us_per_job": server_us,
+        "server_cpu_us_per_job": server_cpu / n * 1e6,
+        "client_cpu_us_per_job": cpu / n * 1e6 if processes == 1 else None,
         "wal_bytes_per_job": wal["bytes"] / n,
         "wal_bytes_per_job_without_fpi": (wal["bytes"] - wal["fpi_bytes"]) / n,
         "wal_records_per_job": wal["records"] / n,
@@ -521,12 +594,34 @@ def measure_drain(design: Design, n: int, batch: int, processes: int) -> dict[st
     }
 
 
-def _drive(dsn: str, stmts: Statements, batch: int, pipeline: bool, processes: int) -> int:
-    if processes == 1:
+def backend_cpu_s(pid: int) -> float:
+    """CPU seconds a server process has used (user + system): what load does not inflate."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _drive(
+    dsn: str, stmts: Statements, batch: int, pipeline: bool, processes: int, threads: int = 1
+) -> tuple[int, float]:
+    """Run the cycle on `processes` x `threads` connections: (cycles, server CPU seconds)."""
+
+    def loop(owner: str) -> tuple[int, float]:
         with limit_cycle.connect(dsn) as conn:
-            return limit_cycle.run_cycles(
-                conn, stmts, owner="stmt:0", batch=batch, pipeline=pipeline
+            pid = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
+            cpu = backend_cpu_s(pid)
+            cycles = limit_cycle.run_cycles(
+                conn, stmts, owner=owner, batch=batch, pipeline=pipeline
             )
+            return cycles, backend_cpu_s(pid) - cpu
+
+    if processes == 1 and threads == 1:
+        return loop("stmt:0")
+    if processes == 1:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(threads) as pool:
+            done = list(pool.map(loop, [f"stmt:{i}" for i in range(threads)]))
+        return sum(c for c, _ in done), sum(s for _, s in done)
     ctx = multiprocessing.get_context("fork")
     results = ctx.SimpleQueue()
 
@@ -545,7 +640,8 @@ def _drive(dsn: str, stmts: Statements, batch: int, pipeline: bool, processes: i
         proc.join()
     if any(proc.exitcode for proc in procs):
         raise RuntimeError("a limit process failed")
-    return sum(results.get() for _ in procs)
+    done = [results.get() for _ in procs]
+    return sum(c for c, _ in done), sum(s for _, s in done)
 
 
 # ---------------------------------------------------------------- enqueue designs
@@ -707,6 +803,24 @@ ENQUEUE_DESIGNS = {
         EnqueueDesign("floor", _FLOOR, floor_insert, bulk=False),
         EnqueueDesign("recordset-1", "ENQUEUE, one-row JSON recordset", enqueue_recordset, False),
         EnqueueDesign("values-1", "a single-row INSERT ... VALUES", enqueue_values, bulk=False),
+        EnqueueDesign(
+            "values-1-lean",
+            "single-row VALUES; one claim index, admin indexes on finished rows only",
+            enqueue_values,
+            bulk=False,
+            ddl=drop("conveyor_job_claim_idx")
+            + recreate("conveyor_job_queue_id_idx", "queue, id", FINAL)
+            + recreate("conveyor_job_task_id_idx", "task_path, id", FINAL),
+        ),
+        EnqueueDesign(
+            "arrays-bulk-lean",
+            "typed arrays per chunk; the lean indexes",
+            enqueue_arrays,
+            bulk=True,
+            ddl=drop("conveyor_job_claim_idx")
+            + recreate("conveyor_job_queue_id_idx", "queue, id", FINAL)
+            + recreate("conveyor_job_task_id_idx", "task_path, id", FINAL),
+        ),
         EnqueueDesign("recordset-1-keyed", "the same, keyed", enqueue_recordset, False, True),
         EnqueueDesign("values-1-keyed", "the same, keyed", enqueue_values, bulk=False, keyed=True),
         EnqueueDesign(
@@ -736,6 +850,8 @@ def measure_enqueue(design: EnqueueDesign, calls: int, chunk: int) -> dict[str, 
         conn.execute("CHECKPOINT")
         conn.execute("SELECT pg_stat_statements_reset()")
         before = counters(conn)
+        pid = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
+        server_cpu = backend_cpu_s(pid)
         written = 0
         started = time.perf_counter()
         cpu = time.process_time()
@@ -749,6 +865,7 @@ def measure_enqueue(design: EnqueueDesign, calls: int, chunk: int) -> dict[str, 
                     written += design.call(cur, rows)
         window = time.perf_counter() - started
         cpu = time.process_time() - cpu
+        server_cpu = backend_cpu_s(pid) - server_cpu
         time.sleep(0.3)
         after = counters(conn)
         wal = wal_breakdown(conn, before.lsn, after.lsn)
@@ -766,6 +883,7 @@ def measure_enqueue(design: EnqueueDesign, calls: int, chunk: int) -> dict[str, 
         "calls_per_s": calls / window,
         "client_cpu_us_per_job": cpu / n * 1e6,
         "server_us_per_job": server_us,
+        "server_cpu_us_per_job": server_cpu / n * 1e6,
         "wal_bytes_per_job": wal["bytes"] / n,
         "wal_bytes_per_job_without_fpi": (wal["bytes"] - wal["fpi_bytes"]) / n,
         "index_entries_per_job": wal["index_entries"] / n,
@@ -790,6 +908,7 @@ def interleaved(
             print(
                 f"round {r} {name:22} {out['jobs_per_s']:>9,.0f} jobs/s"
                 f"  server {out['server_us_per_job']:6.1f} µs/job"
+                f" (CPU {out.get('server_cpu_us_per_job', float('nan')):5.1f})"
                 f"  WAL {out['wal_bytes_per_job']:7.0f} B/job"
                 f"  index entries {out['index_entries_per_job']:5.2f}/job  load {out['load']:.1f}",
                 file=sys.stderr,

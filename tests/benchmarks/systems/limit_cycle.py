@@ -36,6 +36,7 @@ class Statements:
     held: HeldParams = held_json
     fused: bool = False  # `claim` also completes the held batch: one statement per cycle.
     after_complete: str | None = None  # A statement run after COMPLETE with %(ids)s (UNBLOCK).
+    per_cycle: str | None = None  # One more statement per cycle, with %(owner)s.
     version_at: int = 9  # Column of the fencing version in the claim's rows.
 
 
@@ -94,6 +95,8 @@ def run_cycles(
                     if stmts.after_complete:
                         after_cur.execute(stmts.after_complete, _after_params(held))
                 claim_cur.execute(stmts.claim, claim_params)
+                if stmts.per_cycle:
+                    after_cur.execute(stmts.per_cycle, {"owner": owner})
                 conn.execute("COMMIT")
                 pipe.sync()
                 rows = claim_cur.fetchall()
