@@ -223,6 +223,13 @@ def recreate(name: str, columns: str, where: str) -> tuple[str, ...]:
     return (f"DROP INDEX {name}", f"CREATE INDEX {name} ON conveyor_job ({columns}) WHERE {where}")
 
 
+# The admin/API/stats secondary indexes without running rows (the reap index has them).
+NOT_RUNNING = (
+    recreate("conveyor_job_queue_id_idx", "queue, id", "state <> 'running'")
+    + recreate("conveyor_job_task_id_idx", "task_path, id", "state <> 'running'")
+    + recreate("conveyor_job_list_idx", "state, queue, id", "state <> 'running'")
+)
+
 DESIGNS = {
     d.name: d
     for d in (
@@ -312,9 +319,13 @@ DESIGNS = {
             "secondary-not-running",
             "queue_id, task_id and list indexes without running rows (the reap index has them)",
             shipped,
-            ddl=recreate("conveyor_job_queue_id_idx", "queue, id", "state <> 'running'")
-            + recreate("conveyor_job_task_id_idx", "task_path, id", "state <> 'running'")
-            + recreate("conveyor_job_list_idx", "state, queue, id", "state <> 'running'"),
+            ddl=NOT_RUNNING,
+        ),
+        Design(
+            "lean",
+            "secondary-not-running + fillfactor 70 (the candidate layout)",
+            shipped,
+            ddl=("ALTER TABLE conveyor_job SET (fillfactor = 70)", *NOT_RUNNING),
         ),
         Design(
             "admin-final-only",
@@ -568,6 +579,10 @@ def measure_drain(design: Design, n: int, batch: int, processes: int) -> dict[st
         row_bytes = conn.execute(
             "SELECT avg(pg_column_size(j.*))::int FROM conveyor_job AS j"
         ).fetchone()[0]
+        heap_mb, indexes_mb = conn.execute(
+            "SELECT pg_relation_size('conveyor_job') / 1048576.0,"
+            " pg_indexes_size('conveyor_job') / 1048576.0"
+        ).fetchone()
     admin("DROP DATABASE conveyor_stmt_run WITH (FORCE)")
     tables = {k: after.tables[k] - before.tables[k] for k in after.tables}
     server_us = sum(s["exec_ms"] + s["plan_ms"] for s in stats.values()) * 1000 / n
@@ -589,6 +604,9 @@ def measure_drain(design: Design, n: int, batch: int, processes: int) -> dict[st
         "updates_per_job": tables["updated"] / n,
         "hot_updates_per_job": tables["hot_updated"] / n,
         "row_bytes": row_bytes,
+        # Without a vacuum: what the table and its indexes grew to for n jobs.
+        "heap_mb": float(heap_mb),
+        "indexes_mb": float(indexes_mb),
         "statements": per_job(stats, n),
         "wal_kinds": wal["kinds"],
     }
