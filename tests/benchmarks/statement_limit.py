@@ -496,14 +496,15 @@ def wal_breakdown(conn: Any, start: str, end: str) -> dict[str, Any]:
 
 def statement_stats(conn: Any) -> dict[str, dict[str, float]]:
     rows = conn.execute(
-        "SELECT query, calls, total_exec_time, total_plan_time, shared_blks_hit, shared_blks_read,"
+        "SELECT query, calls, total_exec_time, total_plan_time, plans, shared_blks_hit,"
+        " shared_blks_read,"
         " shared_blks_dirtied, shared_blks_written, wal_records, wal_fpi, wal_bytes, rows"
         " FROM pg_stat_statements WHERE dbid = (SELECT oid FROM pg_database"
         " WHERE datname = current_database())"
     ).fetchall()
     out: dict[str, dict[str, float]] = {}
     names = (
-        "calls", "exec_ms", "plan_ms", "hit", "read", "dirtied", "written",
+        "calls", "exec_ms", "plan_ms", "plans", "hit", "read", "dirtied", "written",
         "wal_records", "wal_fpi", "wal_bytes", "rows",
     )  # fmt: skip
     for query, *values in rows:
@@ -525,6 +526,7 @@ def per_job(stats: dict[str, dict[str, float]], n: int) -> dict[str, dict[str, f
     for name, s in stats.items():
         out[name] = {
             "calls": int(s["calls"]),
+            "plans": int(s["plans"]),
             "server_us": (s["exec_ms"] + s["plan_ms"]) * 1000 / n,
             "plan_us": s["plan_ms"] * 1000 / n,
             "hit": s["hit"] / n,
