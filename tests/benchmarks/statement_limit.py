@@ -78,6 +78,7 @@ class Design:
     ddl: tuple[str, ...] = ()
     pipeline: bool = True
     threads: int = 1  # Connections driven by threads of one process (a worker's overlap).
+    session: tuple[str, ...] = ()  # Run on each loop connection first (SET ...).
 
 
 def _claim(protocol: Any) -> str:
@@ -212,6 +213,23 @@ def with_hand_out(protocol: Any) -> Statements:
     )
 
 
+# CLAIM for a worker of one queue, without the trick that folds only in a
+# custom plan: the queue is a parameter, the paused check a one-time filter.
+ONE_QUEUE_FILTER = """AND queue = (%(queues)s::text[])[1]
+      AND NOT EXISTS (SELECT 1 FROM conveyor_queue AS q
+                      WHERE q.name = (%(queues)s::text[])[1] AND q.paused)"""
+
+
+def claim_one_queue(protocol: Any) -> Statements:
+    import conveyor_adapter  # the shipped filter's text, which the limit workload also edits
+
+    claim = protocol.CLAIM
+    if conveyor_adapter.SHIPPED_FILTER not in claim:
+        raise RuntimeError("protocol.CLAIM no longer has the queue filter this design edits")
+    claim = claim.replace(conveyor_adapter.SHIPPED_FILTER, ONE_QUEUE_FILTER)
+    return Statements(claim=tagged("claim", claim), complete=_complete(protocol))
+
+
 def drop(*indexes: str) -> tuple[str, ...]:
     return tuple(f"DROP INDEX {name}" for name in indexes)
 
@@ -240,6 +258,23 @@ DESIGNS = {
             "shipped+unblock",
             "what the worker's cycle sends: COMPLETE, then UNBLOCK of the written ids, then CLAIM",
             with_unblock,
+        ),
+        Design(
+            "claim-one-queue",
+            "CLAIM for one queue with a plan PostgreSQL can keep (no custom plan per call)",
+            claim_one_queue,
+        ),
+        Design(
+            "claim-one-queue-generic",
+            "the one-queue CLAIM with plan_cache_mode = force_generic_plan on the connection",
+            claim_one_queue,
+            session=("SET plan_cache_mode = force_generic_plan",),
+        ),
+        Design(
+            "shipped-generic",
+            "the shipped pair with plan_cache_mode = force_generic_plan",
+            shipped,
+            session=("SET plan_cache_mode = force_generic_plan",),
         ),
         Design(
             "shipped+hand-out",
@@ -567,7 +602,9 @@ def measure_drain(design: Design, n: int, batch: int, processes: int) -> dict[st
         conn.execute("SELECT pg_stat_statements_reset()")
         before = counters(conn)
         started, cpu = time.perf_counter(), time.process_time()
-        cycles, server_cpu = _drive(dsn, stmts, batch, design.pipeline, processes, design.threads)
+        cycles, server_cpu = _drive(
+            dsn, stmts, batch, design.pipeline, processes, design.threads, design.session
+        )
         window, cpu = time.perf_counter() - started, time.process_time() - cpu
         time.sleep(0.3)  # the loop's backends have exited: their statistics are flushed
         after = counters(conn)
@@ -621,12 +658,20 @@ def backend_cpu_s(pid: int) -> float:
 
 
 def _drive(
-    dsn: str, stmts: Statements, batch: int, pipeline: bool, processes: int, threads: int = 1
+    dsn: str,
+    stmts: Statements,
+    batch: int,
+    pipeline: bool,
+    processes: int,
+    threads: int = 1,
+    session: Sequence[str] = (),
 ) -> tuple[int, float]:
     """Run the cycle on `processes` x `threads` connections: (cycles, server CPU seconds)."""
 
     def loop(owner: str) -> tuple[int, float]:
         with limit_cycle.connect(dsn) as conn:
+            for statement in session:
+                conn.execute(statement)
             pid = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
             cpu = backend_cpu_s(pid)
             cycles = limit_cycle.run_cycles(
