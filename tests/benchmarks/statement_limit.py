@@ -956,6 +956,58 @@ def measure_enqueue(design: EnqueueDesign, calls: int, chunk: int) -> dict[str, 
     }
 
 
+# ---------------------------------------------------------------- the reaper
+
+
+def measure_reap(n: int, batch: int) -> dict[str, Any]:
+    """n running jobs whose leases expired, taken back by protocol.reap() in batches."""
+    import psycopg
+
+    from django_conveyor import protocol
+
+    dsn = fresh_database("conveyor_stmt_run")
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("ALTER TABLE conveyor_job SET (autovacuum_enabled = false)")
+        load_jobs(conn, n)
+        conn.execute(
+            "UPDATE conveyor_job SET state = 'running', attempt = 1, lease_owner = 'dead:1',"
+            " lease_version = 1, started_at = now(),"
+            " lease_expires_at = now() - interval '1 minute'"
+        )
+        conn.execute("VACUUM ANALYZE conveyor_job")
+        pid = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
+        cpu = backend_cpu_s(pid)
+        passes, started, per_pass = 0, time.perf_counter(), []
+        while True:
+            t0 = time.perf_counter()
+            with conn.transaction(), conn.cursor() as cur:
+                reaped = protocol.reap(cur, limit=batch)
+            per_pass.append(time.perf_counter() - t0)
+            if not reaped:
+                break
+            passes += 1
+        window = time.perf_counter() - started
+        cpu = backend_cpu_s(pid) - cpu
+        back = conn.execute(
+            "SELECT count(*) FROM conveyor_job WHERE state = 'available' AND isolated"
+        ).fetchone()[0]
+    admin("DROP DATABASE conveyor_stmt_run WITH (FORCE)")
+    if back != n:
+        raise RuntimeError(f"reap: {back} of {n} jobs back")
+    return {
+        "jobs": n,
+        "batch": batch,
+        "passes": passes,
+        "seconds": window,
+        "jobs_per_s": n / window,
+        "server_cpu_us_per_job": cpu / n * 1e6,
+        "pass_ms_median": statistics.median(per_pass) * 1000,
+        "server_us_per_job": window / n * 1e6,
+        "wal_bytes_per_job": float("nan"),
+        "index_entries_per_job": float("nan"),
+    }
+
+
 # ---------------------------------------------------------------- the run
 
 
@@ -1034,6 +1086,14 @@ def main() -> int:
                 lambda name: measure_drain(DESIGNS[name], args.jobs, args.batch, args.processes),
             )
             result["drain"] = {"runs": runs, "median": summary(runs)}
+        if "reap" in parts:
+            batches = [500, 1000, 2000]
+            runs = interleaved(
+                [str(b) for b in batches],
+                args.rounds,
+                lambda name: measure_reap(args.jobs, int(name)),
+            )
+            result["reap"] = {"runs": runs, "median": summary(runs)}
         if "enqueue" in parts:
             names = (
                 args.enqueue_designs.split(",") if args.enqueue_designs else list(ENQUEUE_DESIGNS)
