@@ -37,6 +37,7 @@ bare INSERT + COMMIT floor of the enqueue benchmark) and bulk calls of
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import multiprocessing
@@ -44,8 +45,9 @@ import os
 import re
 import statistics
 import sys
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -79,6 +81,7 @@ class Design:
     pipeline: bool = True
     threads: int = 1  # Connections driven by threads of one process (a worker's overlap).
     session: tuple[str, ...] = ()  # Run on each loop connection first (SET ...).
+    gil_threads: int = 0  # Threads running Python beside the loop, as a worker's slots do.
 
 
 def _claim(protocol: Any) -> str:
@@ -287,6 +290,25 @@ DESIGNS = {
             "the shipped pair as four round trips (BEGIN, COMPLETE, CLAIM, COMMIT)",
             shipped,
             pipeline=False,
+        ),
+        Design(
+            "pipelined+slots",
+            "the shipped pair, pipelined, with 10 threads running Python beside the loop",
+            shipped,
+            gil_threads=10,
+        ),
+        Design(
+            "not-pipelined+slots",
+            "the same with four plain round trips",
+            shipped,
+            pipeline=False,
+            gil_threads=10,
+        ),
+        Design(
+            "fused+slots",
+            "one fused statement per cycle, with the 10 threads",
+            fused,
+            gil_threads=10,
         ),
         Design(
             "complete-arrays",
@@ -602,9 +624,10 @@ def measure_drain(design: Design, n: int, batch: int, processes: int) -> dict[st
         conn.execute("SELECT pg_stat_statements_reset()")
         before = counters(conn)
         started, cpu = time.perf_counter(), time.process_time()
-        cycles, server_cpu = _drive(
-            dsn, stmts, batch, design.pipeline, processes, design.threads, design.session
-        )
+        with gil_contention(design.gil_threads):
+            cycles, server_cpu, loop_cpu = _drive(
+                dsn, stmts, batch, design.pipeline, processes, design.threads, design.session
+            )
         window, cpu = time.perf_counter() - started, time.process_time() - cpu
         time.sleep(0.3)  # the loop's backends have exited: their statistics are flushed
         after = counters(conn)
@@ -635,6 +658,8 @@ def measure_drain(design: Design, n: int, batch: int, processes: int) -> dict[st
         "server_us_per_job": server_us,
         "server_cpu_us_per_job": server_cpu / n * 1e6,
         "client_cpu_us_per_job": cpu / n * 1e6 if processes == 1 else None,
+        # CPU of the loop's own thread(s): what the statements cost the worker's control loop.
+        "loop_cpu_us_per_job": loop_cpu / n * 1e6,
         "wal_bytes_per_job": wal["bytes"] / n,
         "wal_bytes_per_job_without_fpi": (wal["bytes"] - wal["fpi_bytes"]) / n,
         "wal_records_per_job": wal["records"] / n,
@@ -651,6 +676,27 @@ def measure_drain(design: Design, n: int, batch: int, processes: int) -> dict[st
     }
 
 
+@contextlib.contextmanager
+def gil_contention(threads: int) -> Iterator[None]:
+    """Threads that run short bursts of Python, as handler slots do, while the loop runs."""
+    done = threading.Event()
+
+    def spin() -> None:
+        while not done.is_set():
+            sum(range(300))  # a few µs of Python, then the GIL goes round
+            time.sleep(0)
+
+    workers = [threading.Thread(target=spin, daemon=True) for _ in range(threads)]
+    for worker in workers:
+        worker.start()
+    try:
+        yield
+    finally:
+        done.set()
+        for worker in workers:
+            worker.join()
+
+
 def backend_cpu_s(pid: int) -> float:
     """CPU seconds a server process has used (user + system): what load does not inflate."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -665,19 +711,22 @@ def _drive(
     processes: int,
     threads: int = 1,
     session: Sequence[str] = (),
-) -> tuple[int, float]:
-    """Run the cycle on `processes` x `threads` connections: (cycles, server CPU seconds)."""
+) -> tuple[int, float, float]:
+    """Run the cycle on `processes` x `threads` connections.
 
-    def loop(owner: str) -> tuple[int, float]:
+    Returns the cycles, the server backends' CPU seconds and the loop threads' own.
+    """
+
+    def loop(owner: str) -> tuple[int, float, float]:
         with limit_cycle.connect(dsn) as conn:
             for statement in session:
                 conn.execute(statement)
             pid = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
-            cpu = backend_cpu_s(pid)
+            cpu, mine = backend_cpu_s(pid), time.thread_time()
             cycles = limit_cycle.run_cycles(
                 conn, stmts, owner=owner, batch=batch, pipeline=pipeline
             )
-            return cycles, backend_cpu_s(pid) - cpu
+            return cycles, backend_cpu_s(pid) - cpu, time.thread_time() - mine
 
     if processes == 1 and threads == 1:
         return loop("stmt:0")
@@ -686,7 +735,7 @@ def _drive(
 
         with ThreadPoolExecutor(threads) as pool:
             done = list(pool.map(loop, [f"stmt:{i}" for i in range(threads)]))
-        return sum(c for c, _ in done), sum(s for _, s in done)
+        return tuple(sum(d[i] for d in done) for i in range(3))  # type: ignore[return-value]
     ctx = multiprocessing.get_context("fork")
     results = ctx.SimpleQueue()
 
@@ -706,7 +755,7 @@ def _drive(
     if any(proc.exitcode for proc in procs):
         raise RuntimeError("a limit process failed")
     done = [results.get() for _ in procs]
-    return sum(c for c, _ in done), sum(s for _, s in done)
+    return tuple(sum(d[i] for d in done) for i in range(3))  # type: ignore[return-value]
 
 
 # ---------------------------------------------------------------- enqueue designs
