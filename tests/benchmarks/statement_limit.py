@@ -776,29 +776,31 @@ RETURNING id, idempotency_key, enqueued_at, run_after, state,
           CASE WHEN %(notify)s AND run_after <= now() THEN pg_notify(%(channel)s, queue) END
 """
 
-ENQUEUE_ARRAYS = """
-WITH inserted AS (
-    INSERT INTO conveyor_job (
-        task_path, args, kwargs, queue, backend, priority, state, attempt, max_attempts,
-        run_after, enqueued_run_after, lease_version, idempotency_key, errors, enqueued_at,
-        pending_dependencies, dependency_policy
-    )
-    SELECT t.task_path, t.args::jsonb, t.kwargs::jsonb, t.queue, t.backend, t.priority,
-           'available', 0, t.max_attempts, COALESCE(t.run_after, now()), t.run_after, 0,
-           t.idempotency_key, '[]'::jsonb, now(), 0, 'cancel'
-    FROM unnest(%(task_path)s::text[], %(args)s::text[], %(kwargs)s::text[], %(queue)s::text[],
-                %(backend)s::text[], %(priority)s::int[], %(max_attempts)s::int[],
-                %(run_after)s::timestamptz[], %(idempotency_key)s::text[])
-         WITH ORDINALITY AS t(task_path, args, kwargs, queue, backend, priority, max_attempts,
-                              run_after, idempotency_key, ord)
-    ORDER BY t.ord
-    ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-    RETURNING id, idempotency_key, queue, run_after, enqueued_at, state
-)
-SELECT id, idempotency_key, enqueued_at, run_after, state,
-       CASE WHEN %(notify)s AND state = 'available' AND run_after <= now()
-            THEN pg_notify(%(channel)s, queue) END
-FROM inserted
+
+def enqueue_from(source: str) -> str:
+    """protocol.ENQUEUE with its input rows read from `source` instead of a JSON recordset.
+
+    `source` yields ENQUEUE's input columns (task_path, args, kwargs, queue,
+    backend, priority, max_attempts, run_after, idempotency_key, ord,
+    pending, policy); everything after the input is the shipped statement.
+    """
+    from django_conveyor import protocol
+
+    head, sep, rest = protocol.ENQUEUE.partition("), inserted AS (")
+    if not head.strip().startswith("WITH input AS (") or not sep:
+        raise RuntimeError("protocol.ENQUEUE no longer starts with the input this design edits")
+    return f"WITH input AS (\n    {source.strip()}\n{sep}{rest}"
+
+
+ARRAYS_INPUT = """
+SELECT t.task_path, t.args::jsonb AS args, t.kwargs::jsonb AS kwargs, t.queue, t.backend,
+       t.priority, t.max_attempts, t.run_after, t.idempotency_key, t.ord::int AS ord,
+       0 AS pending, 'cancel'::text AS policy
+FROM unnest(%(task_path)s::text[], %(args)s::text[], %(kwargs)s::text[], %(queue)s::text[],
+            %(backend)s::text[], %(priority)s::int[], %(max_attempts)s::int[],
+            %(run_after)s::timestamptz[], %(idempotency_key)s::text[])
+     WITH ORDINALITY AS t(task_path, args, kwargs, queue, backend, priority, max_attempts,
+                          run_after, idempotency_key, ord)
 """
 
 COPY_STAGE = """
@@ -808,24 +810,10 @@ CREATE TEMPORARY TABLE IF NOT EXISTS conveyor_enqueue_stage (
 ) ON COMMIT DELETE ROWS
 """
 
-ENQUEUE_FROM_STAGE = """
-WITH inserted AS (
-    INSERT INTO conveyor_job (
-        task_path, args, kwargs, queue, backend, priority, state, attempt, max_attempts,
-        run_after, enqueued_run_after, lease_version, idempotency_key, errors, enqueued_at,
-        pending_dependencies, dependency_policy
-    )
-    SELECT task_path, args, kwargs, queue, backend, priority, 'available', 0, max_attempts,
-           COALESCE(run_after, now()), run_after, 0, idempotency_key, '[]'::jsonb, now(), 0,
-           'cancel'
-    FROM conveyor_enqueue_stage ORDER BY ord
-    ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-    RETURNING id, idempotency_key, queue, run_after, enqueued_at, state
-)
-SELECT id, idempotency_key, enqueued_at, run_after, state,
-       CASE WHEN %(notify)s AND state = 'available' AND run_after <= now()
-            THEN pg_notify(%(channel)s, queue) END
-FROM inserted
+STAGE_INPUT = """
+SELECT task_path, args, kwargs, queue, backend, priority, max_attempts, run_after,
+       idempotency_key, ord, 0 AS pending, 'cancel'::text AS policy
+FROM conveyor_enqueue_stage
 """
 
 
@@ -875,7 +863,8 @@ def enqueue_arrays(cur: Any, rows: list[dict[str, Any]]) -> int:
     params: dict[str, Any] = {key: [r[key] for r in rows] for key in rows[0]}
     params["args"] = [json.dumps(a, separators=(",", ":")) for a in params["args"]]
     params["kwargs"] = [json.dumps(k, separators=(",", ":")) for k in params["kwargs"]]
-    cur.execute(tagged("arrays", ENQUEUE_ARRAYS), {**params, "notify": True, "channel": "conveyor"})
+    statement = tagged("arrays", enqueue_from(ARRAYS_INPUT))
+    cur.execute(statement, {**params, "notify": True, "channel": "conveyor"})
     return len(cur.fetchall())
 
 
@@ -890,7 +879,8 @@ def enqueue_copy(cur: Any, rows: list[dict[str, Any]]) -> int:
                 (i, r["task_path"], json.dumps(r["args"]), json.dumps(r["kwargs"]), r["queue"],
                  r["backend"], r["priority"], r["max_attempts"], r["idempotency_key"])
             )  # fmt: skip
-    cur.execute(tagged("from-stage", ENQUEUE_FROM_STAGE), {"notify": True, "channel": "conveyor"})
+    statement = tagged("from-stage", enqueue_from(STAGE_INPUT))
+    cur.execute(statement, {"notify": True, "channel": "conveyor"})
     return len(cur.fetchall())
 
 
@@ -911,6 +901,13 @@ class EnqueueDesign:
 
 
 _FLOOR = "bare INSERT + COMMIT, one index (the floor)"
+# One claim index, and the admin's queue/task indexes on finished rows only:
+# what a new ready job then writes (pkey, queue-led claim index, list index).
+LEAN_ENQUEUE = (
+    drop("conveyor_job_claim_idx")
+    + recreate("conveyor_job_queue_id_idx", "queue, id", FINAL)
+    + recreate("conveyor_job_task_id_idx", "task_path, id", FINAL)
+)
 ENQUEUE_DESIGNS = {
     d.name: d
     for d in (
@@ -922,18 +919,14 @@ ENQUEUE_DESIGNS = {
             "single-row VALUES; one claim index, admin indexes on finished rows only",
             enqueue_values,
             bulk=False,
-            ddl=drop("conveyor_job_claim_idx")
-            + recreate("conveyor_job_queue_id_idx", "queue, id", FINAL)
-            + recreate("conveyor_job_task_id_idx", "task_path, id", FINAL),
+            ddl=LEAN_ENQUEUE,
         ),
         EnqueueDesign(
             "arrays-bulk-lean",
             "typed arrays per chunk; the lean indexes",
             enqueue_arrays,
             bulk=True,
-            ddl=drop("conveyor_job_claim_idx")
-            + recreate("conveyor_job_queue_id_idx", "queue, id", FINAL)
-            + recreate("conveyor_job_task_id_idx", "task_path, id", FINAL),
+            ddl=LEAN_ENQUEUE,
         ),
         EnqueueDesign("recordset-1-keyed", "the same, keyed", enqueue_recordset, False, True),
         EnqueueDesign("values-1-keyed", "the same, keyed", enqueue_values, bulk=False, keyed=True),
