@@ -21,7 +21,7 @@ from .exceptions import LeaseLost
 from .results import ConveyorTaskResult, result_from_job
 
 if TYPE_CHECKING:
-    from .leases import HeldLease
+    from .worker.holdings import HeldLease
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

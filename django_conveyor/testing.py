@@ -37,14 +37,16 @@ from typing import Any
 from django.db import connections, transaction
 from psycopg.pq import TransactionStatus
 
-from . import executor, outcomes, protocol, reporting
+from . import protocol
 from .compat import Task
 from .conf import conveyor_settings
-from .leases import HeldLease
 from .models import Job
 from .results import ConveyorTaskResult, result_from_job, result_id
 from .serialization import json_round_trip
 from .states import JobState
+from .worker import outcomes
+from .worker.handlers import executor, reporting
+from .worker.holdings import HeldLease
 
 __all__ = [
     "Conveyor",

@@ -4,8 +4,8 @@ import factory
 from django.utils import timezone
 from django.utils import timezone as dj_timezone
 
-from django_conveyor.cronexpr import Schedule
 from django_conveyor.models import Cron, Job, LedgerEntry
+from django_conveyor.periodic.expressions import Schedule
 
 
 class JobFactory(factory.django.DjangoModelFactory):

@@ -4,7 +4,7 @@ import random
 
 from django.test import override_settings
 
-from django_conveyor import backoff
+from django_conveyor.worker import backoff
 from tests.testapp import tasks
 
 

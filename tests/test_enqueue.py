@@ -12,10 +12,10 @@ from django_conveyor.compat import (
     TaskResultStatus,
     task_backends,
 )
-from django_conveyor.dbconn import connect
 from django_conveyor.exceptions import ArgumentsNotSerializable, IdempotencyKeyReused
 from django_conveyor.models import Job
 from django_conveyor.tasks import task
+from django_conveyor.worker.connections import connect
 from tests.factories import JobFactory
 from tests.helpers import direct_dsn, run_burst
 from tests.testapp import tasks

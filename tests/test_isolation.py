@@ -13,11 +13,12 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from django_conveyor import outcomes, protocol
+from django_conveyor import protocol
 from django_conveyor.backend import ConveyorBackend
 from django_conveyor.conf import MAX_SECONDS
 from django_conveyor.models import Job
 from django_conveyor.serialization import REPLACED_NOTE
+from django_conveyor.worker import outcomes
 from tests import unchecked
 from tests.helpers import REPO, run_burst, worker_env
 from tests.testapp import tasks

@@ -6,8 +6,8 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from django_conveyor import registry
 from django_conveyor.models import Worker
+from django_conveyor.worker.services import registry
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

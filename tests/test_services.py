@@ -15,17 +15,18 @@ import psycopg
 import pytest
 from django.utils import timezone
 
-from django_conveyor import outcomes, protocol
-from django_conveyor.claims import Claimer
-from django_conveyor.dbconn import connect
-from django_conveyor.heartbeat import Heartbeat, HeartbeatCounts, interval_for
-from django_conveyor.instrument import Instrument, Stats
-from django_conveyor.leases import HeldLease, Leases
+from django_conveyor import protocol
 from django_conveyor.models import Job
-from django_conveyor.outcomes import Outcome
-from django_conveyor.reaper import ReapCounts, Reaper
-from django_conveyor.services import Now, Schedule
-from django_conveyor.timeouts import TimeoutCounts, Timeouts
+from django_conveyor.worker import outcomes
+from django_conveyor.worker.claims import Claimer
+from django_conveyor.worker.connections import connect
+from django_conveyor.worker.holdings import HeldLease, Leases
+from django_conveyor.worker.instrument import Instrument, Stats
+from django_conveyor.worker.outcomes import Outcome
+from django_conveyor.worker.services.base import Now, Schedule
+from django_conveyor.worker.services.heartbeat import Heartbeat, HeartbeatCounts, interval_for
+from django_conveyor.worker.services.reaper import ReapCounts, Reaper
+from django_conveyor.worker.services.timeouts import TimeoutCounts, Timeouts
 from tests.factories import JobFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -12,7 +12,7 @@ import json
 import traceback
 from typing import Any
 
-from django_conveyor import executor
+from django_conveyor.worker.handlers import executor
 
 UNCHECKED_TASK = "unchecked_poison"
 UNCHECKED_MESSAGE = "unchecked:"

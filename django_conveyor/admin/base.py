@@ -16,7 +16,7 @@ from django.http import HttpRequest
 
 from ..conf import conveyor_settings
 from ..models import Job
-from ..stats import EXACT_BELOW
+from ..queue_counts import EXACT_BELOW
 
 OPERATE_PERMISSION = "conveyor.operate"
 VIEW_PAYLOADS_PERMISSION = "conveyor.view_payloads"

@@ -15,8 +15,8 @@ from django.template.response import TemplateResponse
 
 from .. import operations
 from ..models import Dashboard
-from ..stats import EXACT_BELOW
-from . import charts, stats
+from ..queue_counts import EXACT_BELOW
+from . import charts, overview
 
 REFRESH_SECONDS = 5
 
@@ -50,22 +50,22 @@ class DashboardAdmin(admin.ModelAdmin):
 
         if not self.has_view_permission(request):
             raise PermissionDenied
-        overview = stats.overview(operations.known_queues())
-        total = overview.total
+        figures = overview.overview(operations.known_queues())
+        total = figures.total
         rows = [(q, charts.bar_chart(q.per_minute, label=f"{q.name}: completed per minute"))
-                for q in overview.queues]  # fmt: skip
+                for q in figures.queues]  # fmt: skip
         context = {
             **self.admin_site.each_context(request),
             "title": "Dashboard",
             "opts": self.opts,
-            "overview": overview,
+            "overview": figures,
             "rows": rows,
             "total": total,
             "total_chart": charts.bar_chart(
                 total.per_minute, width=720, height=120, label="all queues: completed per minute"
             ),
             "refresh_seconds": REFRESH_SECONDS,
-            "lost_after_seconds": stats.lost_after_seconds(),
+            "lost_after_seconds": overview.lost_after_seconds(),
             "exact_below": f"{EXACT_BELOW:,}",
             **(extra_context or {}),
         }

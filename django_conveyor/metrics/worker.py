@@ -26,10 +26,10 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from ..instrument import Instrument
 from ..management.arguments import MAX_PORT
-from ..shutdown import run_to_exit
-from ..worker import Worker, WorkerOptions
+from ..worker.instrument import Instrument
+from ..worker.loop import Worker, WorkerOptions
+from ..worker.shutdown import run_to_exit
 from . import process
 
 if TYPE_CHECKING:

@@ -26,7 +26,7 @@ def admin_sql(*statements: str) -> None:
     import psycopg
     from django.db import connections
 
-    from django_conveyor.dbconn import connection_params
+    from django_conveyor.worker.connections import connection_params
 
     connections.close_all()
     params = connection_params("default")

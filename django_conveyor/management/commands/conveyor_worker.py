@@ -23,14 +23,9 @@ from django_conveyor.management.arguments import (
     queue_list,
     worker_id,
 )
-from django_conveyor.shutdown import run_to_exit
-from django_conveyor.supervisor import Supervisor
-from django_conveyor.worker import (
-    MAX_CONCURRENCY,
-    Worker,
-    WorkerConfig,
-    WorkerOptions,
-)
+from django_conveyor.worker.loop import MAX_CONCURRENCY, Worker, WorkerConfig, WorkerOptions
+from django_conveyor.worker.shutdown import run_to_exit
+from django_conveyor.worker.supervisor import Supervisor
 
 MAX_PROCESSES = 256  # Worker processes one supervisor forks.
 

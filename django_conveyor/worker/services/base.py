@@ -30,8 +30,8 @@ from typing import NamedTuple, Protocol
 
 import psycopg
 
-from .instrument import Stats
-from .protocol import Cursor
+from ...protocol import Cursor
+from ..instrument import Stats
 
 logger = logging.getLogger("django_conveyor.worker")
 

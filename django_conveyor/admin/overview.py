@@ -1,8 +1,8 @@
 """What the dashboard and the queues page show: `django_conveyor.stats` plus the console's own.
 
-Per-queue counts come from `stats.snapshot()`, the one source the metrics
+Per-queue counts come from `queue_counts.snapshot()`, the one source the metrics
 and the API read too: live states exact, failed and dead exact up to
-`stats.EXACT_BELOW` and PostgreSQL's estimate above (marked on the page).
+`queue_counts.EXACT_BELOW` and PostgreSQL's estimate above (marked on the page).
 The console adds the throughput chart, from the partial index on finished
 jobs restricted to the last hour, and the worker counts.
 """
@@ -15,7 +15,7 @@ from datetime import datetime
 
 from django.db import connections
 
-from .. import stats
+from .. import queue_counts
 from ..conf import conveyor_settings
 from ..states import JobState
 
@@ -53,7 +53,7 @@ class QueueStats:
     per_minute: list[int] = field(default_factory=lambda: [0] * CHART_MINUTES)  # Oldest first.
 
     @classmethod
-    def of(cls, counts: stats.QueueStats) -> QueueStats:
+    def of(cls, counts: queue_counts.QueueStats) -> QueueStats:
         jobs = counts.jobs
         return cls(
             name=counts.name,
@@ -94,7 +94,7 @@ class QueueStats:
 
 def queue_stats(known: Iterable[str] = ()) -> dict[str, QueueStats]:
     """Every queue's live and dead-letter counts, from every conveyor database."""
-    counts = stats.snapshot(known, finished=stats.DEAD_LETTER_STATES)
+    counts = queue_counts.snapshot(known, finished=queue_counts.DEAD_LETTER_STATES)
     return {name: QueueStats.of(c) for name, c in counts.items()}
 
 

@@ -19,12 +19,13 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from . import outcomes, protocol
-from .conf import DEFAULT_HEARTBEAT_SECONDS
-from .leases import Leases
-from .outcomes import Outcome
-from .protocol import Cursor
-from .services import Now
+from ... import protocol
+from ...conf import DEFAULT_HEARTBEAT_SECONDS
+from ...protocol import Cursor
+from .. import outcomes
+from ..holdings import Leases
+from ..outcomes import Outcome
+from .base import Now
 
 DEFAULT_INTERVAL_SECONDS = DEFAULT_HEARTBEAT_SECONDS  # CONVEYOR["HEARTBEAT_SECONDS"]
 LEASE_FRACTION = 1 / 3  # Never beat less often than this share of the lease.

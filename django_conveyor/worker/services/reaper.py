@@ -12,12 +12,12 @@ from __future__ import annotations
 import logging
 from typing import NamedTuple
 
-from . import protocol
-from .conf import DEFAULT_REAP_SECONDS
-from .logs import log_job
-from .protocol import Cursor
-from .services import Now
-from .states import JobState
+from ... import protocol
+from ...conf import DEFAULT_REAP_SECONDS
+from ...protocol import Cursor
+from ...states import JobState
+from ..logs import log_job
+from .base import Now
 
 logger = logging.getLogger("django_conveyor.worker")
 

@@ -14,9 +14,9 @@ from collections.abc import Callable
 
 import psycopg
 
+from ..protocol import NOTIFY_CHANNEL
 from .backoff import LISTENER_RECONNECT_SECONDS, Ladder
-from .dbconn import connect
-from .protocol import NOTIFY_CHANNEL
+from .connections import connect
 
 logger = logging.getLogger("django_conveyor.listener")
 

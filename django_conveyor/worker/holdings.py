@@ -19,15 +19,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ..conf import DEFAULT_LEASE_SECONDS
+from ..protocol import Cursor, Lease
 from . import outcomes
-from .conf import DEFAULT_LEASE_SECONDS
 from .logs import log_job
 from .outcomes import Outcome
-from .protocol import Cursor, Lease
 
 if TYPE_CHECKING:
+    from ..results import ConveyorTaskResult
     from .instrument import Instrument, Stats
-    from .results import ConveyorTaskResult
 
 logger = logging.getLogger("django_conveyor.worker")
 

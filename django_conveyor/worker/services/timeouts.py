@@ -21,14 +21,14 @@ import logging
 from collections.abc import Callable
 from typing import NamedTuple
 
-from . import outcomes
-from .backoff import retry_delay
-from .leases import HeldLease, Leases
-from .logs import log_job
-from .outcomes import error_entry
-from .protocol import Cursor
-from .services import Now
-from .tasks import task_or_none
+from ...protocol import Cursor
+from ...tasks import task_or_none
+from .. import outcomes
+from ..backoff import retry_delay
+from ..holdings import HeldLease, Leases
+from ..logs import log_job
+from ..outcomes import error_entry
+from .base import Now
 
 logger = logging.getLogger("django_conveyor.worker")
 

@@ -19,9 +19,9 @@ from django.http import HttpRequest
 from django.urls import NoReverseMatch, reverse
 from django.utils.html import format_html
 
-from . import cronexpr, schedules
-from .conf import conveyor_settings
-from .models import Cron, Job
+from ..conf import conveyor_settings
+from ..models import Cron, Job
+from ..periodic import expressions, schedules
 
 FORM_FIELDS = {"task": "task_path", None: "name"}  # Problem.field -> form field.
 SCHEDULE_FIELDS = ("schedule", "timezone", "task_path", "args", "kwargs", "queue", "priority")
@@ -74,8 +74,8 @@ def _when(instant: datetime | None, zone_name: str) -> str:
     if instant is None:
         return "-"
     try:
-        local = instant.astimezone(cronexpr.zone(zone_name))
-    except cronexpr.InvalidSchedule:
+        local = instant.astimezone(expressions.zone(zone_name))
+    except expressions.InvalidSchedule:
         local = instant
     utc = instant.astimezone(UTC)
     return f"{local:%Y-%m-%d %H:%M:%S %Z} ({utc:%Y-%m-%d %H:%M:%S} UTC)"

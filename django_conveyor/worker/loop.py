@@ -31,24 +31,24 @@ from typing import TypeVar
 
 import psycopg
 
+from ..conf import MAX_INT, MAX_SECONDS, conveyor_settings
+from ..exceptions import ConveyorConfigurationError
+from ..periodic.ticks import SchedulerService
 from . import outcomes, shutdown
 from .backoff import WORKER_RECONNECT_SECONDS, Ladder
 from .claims import Claimer
-from .conf import MAX_INT, MAX_SECONDS, conveyor_settings
-from .dbconn import LoopConnection
-from .exceptions import ConveyorConfigurationError
-from .heartbeat import Heartbeat, interval_for
+from .connections import LoopConnection
+from .handlers.reporting import Reporter
+from .handlers.slots import SlotPool
+from .holdings import Leases
 from .instrument import Instrument, Stats
-from .leases import Leases
 from .listener import Listener
 from .outcomes import Outcome
-from .reaper import Reaper
-from .registry import Registry, WorkerInfo
-from .reporting import Reporter
-from .scheduler import SchedulerService
-from .services import Now, Schedule, Service
-from .slots import SlotPool
-from .timeouts import Timeouts
+from .services.base import Now, Schedule, Service
+from .services.heartbeat import Heartbeat, interval_for
+from .services.reaper import Reaper
+from .services.registry import Registry, WorkerInfo
+from .services.timeouts import Timeouts
 
 logger = logging.getLogger("django_conveyor.worker")
 

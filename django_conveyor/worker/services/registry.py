@@ -21,7 +21,7 @@ from datetime import datetime
 from importlib import metadata
 from typing import Any, NamedTuple
 
-from .protocol import Cursor
+from ...protocol import Cursor
 
 DEFAULT_INTERVAL_SECONDS = 10.0  # The worker runs it at its heartbeat interval.
 STOPPED_RETENTION_SECONDS = 600.0  # A clean stop stays visible this long.

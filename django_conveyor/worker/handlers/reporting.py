@@ -23,12 +23,13 @@ import threading
 
 from django.db import connections
 
-from . import executor, outcomes
-from .compat import TaskResultStatus, log_task_finished, task_finished
-from .outcomes import Outcome
-from .results import finished
-from .signals import heard
-from .tasks import task_or_none
+from ...compat import TaskResultStatus, log_task_finished, task_finished
+from ...results import finished
+from ...signals import heard
+from ...tasks import task_or_none
+from .. import outcomes
+from ..outcomes import Outcome
+from . import executor
 
 logger = logging.getLogger("django_conveyor.worker")
 

@@ -16,19 +16,19 @@ from typing import Any
 from asgiref.sync import async_to_sync
 from django.db import connections
 
-from . import outcomes
-from .backoff import retry_delay
-from .compat import Task, log_task_started, task_started
-from .context import JobContext
-from .exceptions import ArgumentsNotSerializable, Discard, LeaseLost, Snooze
-from .leases import HeldLease
-from .logs import log_job
-from .outcomes import Outcome, error_entry
-from .results import ConveyorTaskResult, enqueued_task, task_result
-from .serialization import json_round_trip
-from .signals import heard
-from .states import JobState
-from .tasks import resolve_task
+from ...compat import Task, log_task_started, task_started
+from ...context import JobContext
+from ...exceptions import ArgumentsNotSerializable, Discard, LeaseLost, Snooze
+from ...results import ConveyorTaskResult, enqueued_task, task_result
+from ...serialization import json_round_trip
+from ...signals import heard
+from ...states import JobState
+from ...tasks import resolve_task
+from .. import outcomes
+from ..backoff import retry_delay
+from ..holdings import HeldLease
+from ..logs import log_job
+from ..outcomes import Outcome, error_entry
 
 logger = logging.getLogger("django_conveyor.executor")
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from .exceptions import ConveyorConfigurationError
+from ..exceptions import ConveyorConfigurationError
 
 MAX_EXPRESSION_LENGTH = 255
 INSTALL_HINT = 'Install the cron extra: pip install "django-conveyor[cron]".'

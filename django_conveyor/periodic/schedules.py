@@ -20,12 +20,13 @@ from typing import Any
 from django.core import checks
 from django.db import connections, transaction
 
-from . import cronexpr, protocol
-from .compat import TASK_MAX_PRIORITY, TASK_MIN_PRIORITY, Task, task_backends
-from .conf import conveyor_settings, raw_settings
-from .exceptions import ArgumentsNotSerializable, ConveyorError, UnknownTask
-from .serialization import json_round_trip
-from .tasks import resolve_task, task_or_none
+from .. import protocol
+from ..compat import TASK_MAX_PRIORITY, TASK_MIN_PRIORITY, Task, task_backends
+from ..conf import conveyor_settings, raw_settings
+from ..exceptions import ArgumentsNotSerializable, ConveyorError, UnknownTask
+from ..serialization import json_round_trip
+from ..tasks import resolve_task, task_or_none
+from . import expressions
 
 FIELDS = ("schedule", "task", "timezone", "args", "kwargs", "queue", "priority", "missed")
 REQUIRED = ("schedule", "task")
@@ -77,8 +78,8 @@ class ScheduleSpec:
     def row_values(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if k != "name"}
 
-    def timing(self) -> cronexpr.Schedule:
-        return cronexpr.Schedule(self.schedule, self.timezone)
+    def timing(self) -> expressions.Schedule:
+        return expressions.Schedule(self.schedule, self.timezone)
 
 
 def _task(path: Any) -> tuple[Task | None, str | None]:
@@ -88,7 +89,7 @@ def _task(path: Any) -> tuple[Task | None, str | None]:
         obj = resolve_task(path)
     except UnknownTask as exc:
         return None, str(exc)
-    from .backend import ConveyorBackend
+    from ..backend import ConveyorBackend
 
     backend = task_backends[obj.backend]
     if not isinstance(backend, ConveyorBackend):
@@ -120,16 +121,16 @@ def validate(name: Any, entry: Any) -> tuple[ScheduleSpec | None, list[Problem]]
 
     tz = entry.get("timezone", DEFAULT_TIMEZONE)
     try:
-        cronexpr.zone(tz)
-    except cronexpr.InvalidSchedule as exc:
+        expressions.zone(tz)
+    except expressions.InvalidSchedule as exc:
         found.append(Problem(E_TIMEZONE, "timezone", str(exc)))
         tz = DEFAULT_TIMEZONE
     if "schedule" in entry:
         try:
-            cronexpr.Schedule(entry["schedule"], tz)
-        except cronexpr.CronNotInstalled as exc:
+            expressions.Schedule(entry["schedule"], tz)
+        except expressions.CronNotInstalled as exc:
             found.append(Problem(E_NOT_INSTALLED, "schedule", str(exc)))
-        except cronexpr.InvalidSchedule as exc:
+        except expressions.InvalidSchedule as exc:
             found.append(Problem(E_SCHEDULE, "schedule", str(exc)))
 
     task, error = _task(entry.get("task")) if "task" in entry else (None, None)
@@ -215,11 +216,11 @@ def check_cron(**kwargs: Any) -> Iterable[checks.CheckMessage]:
     entries = raw_settings().get("CRON")
     if not isinstance(entries, dict) or not entries:
         return  # Not a dict: the settings check reports it.
-    if not cronexpr.installed():
+    if not expressions.installed():
         yield checks.Error(
             f"CONVEYOR['CRON'] declares {len(entries)} schedule(s), but the cronsim package "
             "is not installed.",
-            hint=cronexpr.INSTALL_HINT,
+            hint=expressions.INSTALL_HINT,
             id=E_NOT_INSTALLED,
         )
         return
@@ -250,8 +251,8 @@ def database_now(database: str) -> datetime:
 def first_tick(spec: ScheduleSpec | Any, now: datetime) -> datetime | None:
     """The first tick after `now`; None for a row whose expression no longer parses."""
     try:
-        return cronexpr.Schedule(spec.schedule, spec.timezone).next_after(now)
-    except cronexpr.InvalidSchedule:
+        return expressions.Schedule(spec.schedule, spec.timezone).next_after(now)
+    except expressions.InvalidSchedule:
         return None
 
 
@@ -265,7 +266,7 @@ def sync(database: str, specs: Mapping[str, ScheduleSpec] | None = None) -> Sync
     operator's enable/disable of a declared row survives restarts. One
     worker at a time syncs a database (an advisory lock).
     """
-    from .models import Cron
+    from ..models import Cron
 
     settings = conveyor_settings()
     specs = declared() if specs is None else specs
@@ -307,7 +308,7 @@ def sync(database: str, specs: Mapping[str, ScheduleSpec] | None = None) -> Sync
 
 def find(name: str, database: str | None = None) -> tuple[Any, str]:
     """The schedule's row and its database (every conveyor database is searched)."""
-    from .models import Cron
+    from ..models import Cron
 
     aliases = [database] if database else conveyor_settings().databases()
     for alias in aliases:
@@ -324,7 +325,7 @@ def set_enabled(name: str, enabled: bool, *, database: str | None = None) -> boo
     enabled again: its `missed` policy decides what runs. Enabling a
     schedule the scheduler stopped restarts it from now.
     """
-    from .models import Cron
+    from ..models import Cron
 
     row, alias = find(name, database)
     with transaction.atomic(using=alias):

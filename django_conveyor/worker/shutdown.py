@@ -44,13 +44,13 @@ from typing import TYPE_CHECKING, NoReturn
 
 import psycopg
 
-from .leases import HeldLease
+from .holdings import HeldLease
 from .logs import log_job
 from .outcomes import RELEASE, Outcome
-from .services import Now
+from .services.base import Now
 
 if TYPE_CHECKING:
-    from .worker import Worker
+    from .loop import Worker
 
 logger = logging.getLogger("django_conveyor.worker")
 

@@ -34,16 +34,16 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from django.db import DatabaseError as DjangoDatabaseError
 
-from . import protocol
+from .. import protocol
+from ..conf import MAX_SECONDS
+from ..exceptions import OutcomeRefused
+from ..protocol import Cursor, Lease
+from ..serialization import storable_text
 from .backoff import capped_delay
-from .conf import MAX_SECONDS
-from .exceptions import OutcomeRefused
 from .logs import log_job
-from .protocol import Cursor, Lease
-from .serialization import storable_text
 
 if TYPE_CHECKING:
-    from .leases import HeldLease
+    from .holdings import HeldLease
 
 COMPLETE = "complete"
 RETRY = "retry"

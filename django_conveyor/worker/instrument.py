@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .protocol import Lease
+    from ..protocol import Lease
 
 
 class Instrument:

@@ -21,7 +21,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from .conf import MAX_SECONDS, conveyor_settings
+from ..conf import MAX_SECONDS, conveyor_settings
 
 # The control loop's connection (and its other errors) after each failure.
 WORKER_RECONNECT_SECONDS = (0.2, 0.5, 1.0, 2.0, 5.0)

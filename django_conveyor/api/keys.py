@@ -22,8 +22,8 @@ from datetime import timedelta
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from .conf import conveyor_settings
-from .models import API_SCOPES, ApiKey
+from ..conf import conveyor_settings
+from ..models import API_SCOPES, ApiKey
 
 KEY_PREFIX = "cvk"
 PREFIX_LENGTH = 8

@@ -32,8 +32,9 @@ import psycopg
 from django import db
 from django.db import connections
 
-from . import cronexpr, protocol
-from .conf import conveyor_settings
+from .. import protocol
+from ..conf import conveyor_settings
+from . import expressions
 from .schedules import sync, tick_job
 
 logger = logging.getLogger("django_conveyor.scheduler")
@@ -88,7 +89,7 @@ class Plan:
     dropped: bool = False  # Some missed ticks are not among `ticks`.
 
 
-def plan(timing: cronexpr.Schedule, start: datetime, now: datetime, missed: str) -> Plan:
+def plan(timing: expressions.Schedule, start: datetime, now: datetime, missed: str) -> Plan:
     """The ticks to enqueue for a row whose first unenqueued tick is `start`."""
     cutoff = now - timedelta(seconds=GRACE_SECONDS)
     on_time: list[datetime] = [start] if start >= cutoff else []
@@ -137,8 +138,8 @@ def run_once(cursor: protocol.Cursor, now: datetime, *, limit: int = BATCH_SIZE)
     notify = conveyor_settings().NOTIFY
     for row in rows:
         try:
-            timing = cronexpr.parsed(row.schedule, row.timezone)
-        except cronexpr.InvalidSchedule as exc:
+            timing = expressions.parsed(row.schedule, row.timezone)
+        except expressions.InvalidSchedule as exc:
             cursor.execute(STOP, {"cron_id": row.id})
             counts.stopped += 1
             logger.error("schedule %s stopped until it is fixed: %s", row.name, exc)

@@ -27,8 +27,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from . import protocol
-from .protocol import Cursor, Lease
+from .. import protocol
+from ..protocol import Cursor, Lease
 
 CLAIM_AHEAD_SECONDS = 0.02  # Buffered work per slot: a few claim round trips.
 MAX_PREFETCH = 256

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 
 from django.db import connections
 
+from ..holdings import HeldLease
+from ..outcomes import Outcome
 from . import executor
-from .leases import HeldLease
-from .outcomes import Outcome
 
 DURATION_SMOOTHING = 0.1  # Weight of the newest duration in the moving average.
 MAX_ABANDONED = 64  # Abandoned threads still stuck, at most; past that, no new slot.
