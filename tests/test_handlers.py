@@ -168,7 +168,8 @@ def test_cancel_only_before_start():
 
 def test_lease_lost_is_told_to_the_handler_and_its_outcome_is_not_written():
     """A job taken back from under a running handler: the handler learns it."""
-    from django_conveyor.worker.loop import Worker, WorkerOptions
+    from django_conveyor.worker.config import WorkerOptions
+    from django_conveyor.worker.loop import Worker
 
     result = tasks.sleeper.enqueue(10)
     worker = Worker(

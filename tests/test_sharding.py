@@ -5,7 +5,8 @@ from django.db import transaction
 
 from django_conveyor.compat import TaskResultDoesNotExist, task_backends
 from django_conveyor.models import Job
-from django_conveyor.worker.loop import Worker, WorkerOptions
+from django_conveyor.worker.config import WorkerOptions
+from django_conveyor.worker.loop import Worker
 from tests.helpers import run_burst
 from tests.testapp import tasks
 

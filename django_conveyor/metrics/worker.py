@@ -27,9 +27,9 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 from ..management.arguments import MAX_PORT
+from ..worker.config import WorkerOptions
 from ..worker.instrument import Instrument
-from ..worker.loop import Worker, WorkerOptions
-from ..worker.shutdown import run_to_exit
+from ..worker.loop import Worker
 from . import process
 
 if TYPE_CHECKING:
@@ -160,7 +160,7 @@ def slot_runner(address: str, port: int, *, processes: int) -> Callable[[WorkerO
             logger.error("%s", exc)
             return 1
         logger.info("serving metrics on %s:%d", address, port + slot)
-        return run_to_exit(Worker(replace(options, instrument=metrics)))
+        return Worker(replace(options, instrument=metrics)).run_to_exit()
 
     return run
 

@@ -12,167 +12,46 @@ protocol traffic. Each pass:
 3. sleeps until a NOTIFY (listener.py) or a finished handler wakes it, a
    service is due, or the poll interval passes.
 
-Handlers run in slot threads (slots.py, executor.py). Signals and graceful
-shutdown are in shutdown.py; `--processes` in supervisor.py.
+Handlers run in slot threads (slots.py, executor.py). Signals are in
+shutdown.py, which also says what a graceful stop does; the drain and the
+hand-back are this loop's own (`Worker.drain`, `Worker.hand_back`).
+`--processes` is supervisor.py.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import os
-import secrets
-import signal
-import socket
 import threading
 import time
-from dataclasses import dataclass
-from typing import TypeVar
 
 import psycopg
 
-from ..conf import MAX_INT, MAX_SECONDS, conveyor_settings
-from ..exceptions import ConveyorConfigurationError
 from ..periodic.ticks import SchedulerService
-from . import outcomes, shutdown
+from . import outcomes
 from .backoff import WORKER_RECONNECT_SECONDS, Ladder
 from .claims import Claimer
+from .config import WorkerConfig, WorkerOptions
 from .connections import LoopConnection
 from .handlers.reporting import Reporter
 from .handlers.slots import SlotPool
-from .holdings import Leases
-from .instrument import Instrument, Stats
+from .holdings import HeldLease, Leases
+from .instrument import Stats
 from .listener import Listener
-from .outcomes import Outcome
+from .logs import log_job
+from .outcomes import RELEASE, Outcome
 from .services.base import Now, Schedule, Service
-from .services.heartbeat import Heartbeat, interval_for
+from .services.heartbeat import Heartbeat
 from .services.reaper import Reaper
 from .services.registry import Registry, WorkerInfo
 from .services.timeouts import Timeouts
+from .shutdown import StopSignals, exit_process
 
 logger = logging.getLogger("django_conveyor.worker")
 
 EXIT_OK = 0
-MAX_CONCURRENCY = 1024  # Handler slots (threads) one process may run.
-T = TypeVar("T")
-
-
-def worker_database(queues: tuple[str, ...]) -> str:
-    """The one database a worker's queues live in (a worker never spans shards)."""
-    settings = conveyor_settings()
-    by_alias: dict[str, list[str]] = {}
-    for queue_name in queues:
-        by_alias.setdefault(settings.database_for(queue_name), []).append(queue_name)
-    if len(by_alias) > 1:
-        spread = "; ".join(f"{', '.join(q)} on {a!r}" for a, q in sorted(by_alias.items()))
-        raise ConveyorConfigurationError(
-            f"A worker serves queues of one database, but these span several: {spread}. "
-            "Run one worker per database."
-        )
-    return next(iter(by_alias), settings.DATABASE)
-
-
-def new_worker_id() -> str:
-    """Unique per process incarnation, so a restarted worker never shares a token owner."""
-    return f"{socket.gethostname()[:40]}:{os.getpid()}:{secrets.token_hex(3)}"
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class WorkerOptions:
-    """What the command line (or a caller) asks for; None means the CONVEYOR setting."""
-
-    queues: tuple[str, ...] = ("default",)
-    concurrency: int = 4
-    lease_seconds: float | None = None  # CONVEYOR["LEASE_SECONDS"]
-    shutdown_timeout: float | None = None  # CONVEYOR["SHUTDOWN_TIMEOUT_SECONDS"]
-    burst: bool = False  # Exit 0 once nothing is ready and nothing is held.
-    listen: bool | None = None  # CONVEYOR["LISTEN"]; False polls only.
-    poll_seconds: float | None = None  # CONVEYOR["POLL_SECONDS"]
-    prefetch: int | None = None  # CONVEYOR["PREFETCH"]
-    max_jobs: int | None = None  # Exit after this many attempts finished.
-    worker_id: str | None = None  # A new host:pid:random id.
-    cron: bool = True  # Run the scheduler service (periodic jobs); --no-cron turns it off.
-    stop_signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGINT)
-    supervised: bool = False  # A child of --processes: its supervisor decides on a hard stop.
-    instrument: Instrument | None = None  # Metrics hook; None reports nothing.
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class WorkerConfig:
-    """The options with every unset value taken from the settings: what the worker runs with."""
-
-    queues: tuple[str, ...]
-    concurrency: int
-    database: str  # The alias of every queue served.
-    worker_id: str
-    lease_seconds: float
-    heartbeat_seconds: float
-    reap_seconds: float
-    shutdown_timeout: float
-    poll_seconds: float
-    prefetch: int | None  # None adapts to job length.
-    listen: bool
-    listener_dsn: str | None
-
-    @classmethod
-    def resolve(cls, options: WorkerOptions) -> WorkerConfig:
-        """The options completed from the settings; refuses values no worker can run with.
-
-        The command's flags are checked by argparse already; this catches the
-        same mistakes from code (and from processes that skip system checks).
-        """
-        settings = conveyor_settings()
-        database = worker_database(options.queues)
-        _check_count("concurrency", options.concurrency, 1, MAX_CONCURRENCY)
-        if options.prefetch is not None:
-            _check_count("prefetch", options.prefetch, 0, MAX_INT)
-        for name in ("lease_seconds", "poll_seconds", "shutdown_timeout"):
-            _check_seconds(name, getattr(options, name), zero=name == "shutdown_timeout")
-        lease_seconds = _given(options.lease_seconds, settings.LEASE_SECONDS)
-        return cls(
-            queues=tuple(options.queues),
-            concurrency=options.concurrency,
-            database=database,
-            worker_id=options.worker_id or new_worker_id(),
-            lease_seconds=lease_seconds,
-            heartbeat_seconds=interval_for(lease_seconds, settings.HEARTBEAT_SECONDS),
-            reap_seconds=settings.REAP_SECONDS,
-            shutdown_timeout=_given(options.shutdown_timeout, settings.SHUTDOWN_TIMEOUT_SECONDS),
-            poll_seconds=_given(options.poll_seconds, settings.POLL_SECONDS),
-            prefetch=_given(options.prefetch, settings.PREFETCH),
-            listen=_given(options.listen, settings.LISTEN),
-            # The listener DSN reaches CONVEYOR["DATABASE"]; shard workers use their own.
-            listener_dsn=settings.LISTENER_DSN if database == settings.DATABASE else None,
-        )
-
-
-def _given(option: T | None, setting: T) -> T:
-    return setting if option is None else option
-
-
-def _check_count(name: str, value: object, low: int, high: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise ConveyorConfigurationError(
-            f"The worker's {name} must be a whole number from {low} to {high}, not {value!r}."
-        )
-
-
-def _check_seconds(name: str, value: object, *, zero: bool) -> None:
-    """None (the setting applies) or a finite number of seconds PostgreSQL can add to now()."""
-    if value is None:
-        return
-    ok = (
-        not isinstance(value, bool)
-        and isinstance(value, int | float)
-        and (value >= 0 if zero else value > 0)
-        and value <= MAX_SECONDS  # False for NaN and infinity too.
-    )
-    if not ok:
-        low = "zero or more" if zero else "more than zero"
-        raise ConveyorConfigurationError(
-            f"The worker's {name} must be a number of seconds, {low} and at most "
-            f"{MAX_SECONDS:.0f} (ten years), not {value!r}."
-        )
+DRAIN_PASS_SECONDS = 0.05  # How often the drain looks for finished handlers.
+DRAIN_RETRY_SECONDS = 0.2  # Pause after a database error while draining.
 
 
 class Worker:
@@ -213,7 +92,7 @@ class Worker:
         )
         self.wake = threading.Event()
         self.stopping = threading.Event()
-        self.signals = shutdown.StopSignals(
+        self.signals = StopSignals(
             self.stop, options.stop_signals, repeat_is_hard=not options.supervised
         )
 
@@ -255,7 +134,7 @@ class Worker:
             ).start()
         try:
             self.control_loop()
-            shutdown.drain(self)
+            self.drain()
             self.deregister()
         finally:
             self.slots.stop()
@@ -266,9 +145,49 @@ class Worker:
         )
         return EXIT_OK
 
+    def run_to_exit(self) -> int:
+        """Run this process's worker; past stuck handler threads, end the process now."""
+        code = self.run()
+        if handlers := self.slots.in_handlers():
+            exit_process(code, handlers)
+        return code
+
     def stop(self) -> None:
+        """The first stop signal: stop claiming; `run` then drains (shutdown.py says how)."""
         self.stopping.set()
         self.wake.set()
+
+    def drain(self) -> None:
+        """Hand back what has not started, wait for the rest, hand back leftovers."""
+        self.hand_back(self.slots.take_waiting(), reason="never started")
+        deadline = time.monotonic() + self.config.shutdown_timeout
+        while self.leases.held and time.monotonic() < deadline:
+            try:
+                self.schedule.run_due(self.connection.get(), Now.read(), draining=True)
+                self.cycle(claim=False)
+            except psycopg.Error as exc:
+                logger.warning("database unavailable during shutdown (%s)", exc)
+                self.connection.drop()
+                time.sleep(DRAIN_RETRY_SECONDS)
+            self.wake.wait(DRAIN_PASS_SECONDS)
+            self.wake.clear()
+        self.hand_back(list(self.leases.held.values()), reason="shutdown timeout reached")
+
+    def hand_back(self, helds: list[HeldLease], *, reason: str) -> None:
+        """Write RELEASE for these leases now (with any other pending outcome)."""
+        self.leases.collect()  # A handler that just finished keeps its own outcome.
+        for held in helds:
+            # A job inside its guarded block holds its row lock: handing it back
+            # would wait for the block. It commits, or rolls back and is reaped.
+            if held.in_atomic or held.completed_in_atomic:
+                continue
+            if self.leases.give_up(held, Outcome(RELEASE, held), f"handed back: {reason}"):
+                log_job(logger, logging.INFO, held.lease, "lease handed back (%s)", reason)
+        try:
+            self.cycle(claim=False)
+        except psycopg.Error as exc:
+            self.connection.drop()
+            logger.warning("could not hand back leases (%s): they will expire and be reaped", exc)
 
     def deregister(self) -> None:
         """A clean exit: mark this worker's registry row stopped (lost rows say otherwise)."""

@@ -1,6 +1,7 @@
 """What SIGTERM and SIGINT do to a worker process, and its graceful shutdown.
 
-The first signal stops the control loop (`Worker.stop`), which then drains:
+The first signal stops the control loop (`Worker.stop`), which then drains
+(`Worker.drain` and `Worker.hand_back`, in loop.py):
 
 1. jobs claimed but not yet started are handed back at once;
 2. running handlers get up to the shutdown timeout to finish; their
@@ -15,7 +16,7 @@ to its block; a job whose block committed is completed, not handed back.
 Python cannot stop a thread, so a handler that ignores its timeout (a
 sleep loop, a busy loop, a CPU loop inside an async handler's event loop)
 may still run once its lease is handed back. It does not keep the process
-alive: the command then ends it (`run_to_exit`), without waiting for
+alive: the command then ends it (`Worker.run_to_exit`), without waiting for
 handler threads, so the first signal ends a worker within about the
 shutdown timeout, whatever its handlers do.
 
@@ -40,24 +41,12 @@ import threading
 import time
 from collections.abc import Callable
 from types import FrameType
-from typing import TYPE_CHECKING, NoReturn
-
-import psycopg
-
-from .holdings import HeldLease
-from .logs import log_job
-from .outcomes import RELEASE, Outcome
-from .services.base import Now
-
-if TYPE_CHECKING:
-    from .loop import Worker
+from typing import NoReturn
 
 logger = logging.getLogger("django_conveyor.worker")
 
 REPEAT_GRACE_SECONDS = 2.0  # A repeated stop signal this soon is the same stop.
 HARD_STOP_SIGNAL = signal.SIGQUIT  # Always a hard stop, whoever sends it.
-DRAIN_PASS_SECONDS = 0.05  # How often the drain looks for finished handlers.
-DRAIN_RETRY_SECONDS = 0.2  # Pause after a database error while draining.
 
 
 class StopSignals:
@@ -106,48 +95,6 @@ def is_hard_stop(signum: int, first_at: float | None, *, repeat_is_hard: bool = 
     if first_at is None or not repeat_is_hard:
         return False
     return time.monotonic() - first_at >= REPEAT_GRACE_SECONDS
-
-
-def drain(worker: Worker) -> None:
-    """Hand back what has not started, wait for the rest, hand back leftovers."""
-    hand_back(worker, worker.slots.take_waiting(), reason="never started")
-    deadline = time.monotonic() + worker.config.shutdown_timeout
-    while worker.leases.held and time.monotonic() < deadline:
-        try:
-            worker.schedule.run_due(worker.connection.get(), Now.read(), draining=True)
-            worker.cycle(claim=False)
-        except psycopg.Error as exc:
-            logger.warning("database unavailable during shutdown (%s)", exc)
-            worker.connection.drop()
-            time.sleep(DRAIN_RETRY_SECONDS)
-        worker.wake.wait(DRAIN_PASS_SECONDS)
-        worker.wake.clear()
-    hand_back(worker, list(worker.leases.held.values()), reason="shutdown timeout reached")
-
-
-def hand_back(worker: Worker, helds: list[HeldLease], *, reason: str) -> None:
-    """Write RELEASE for these leases now (with any other pending outcome)."""
-    worker.leases.collect()  # A handler that just finished keeps its own outcome.
-    for held in helds:
-        # A job inside its guarded block holds its row lock: handing it back
-        # would wait for the block. It commits, or rolls back and is reaped.
-        if held.in_atomic or held.completed_in_atomic:
-            continue
-        if worker.leases.give_up(held, Outcome(RELEASE, held), f"handed back: {reason}"):
-            log_job(logger, logging.INFO, held.lease, "lease handed back (%s)", reason)
-    try:
-        worker.cycle(claim=False)
-    except psycopg.Error as exc:
-        worker.connection.drop()
-        logger.warning("could not hand back leases (%s): they will expire and be reaped", exc)
-
-
-def run_to_exit(worker: Worker) -> int:
-    """Run the worker of this process; past stuck handler threads, end the process now."""
-    code = worker.run()
-    if handlers := worker.slots.in_handlers():
-        exit_process(code, handlers)
-    return code
 
 
 def exit_process(code: int, handlers: int) -> NoReturn:
