@@ -1,8 +1,9 @@
-"""The leases one worker holds and the outcomes it has yet to write.
+"""What one worker holds: its attempts, and the outcomes it has yet to write.
 
-`Leases` is their one owner. Jobs enter by a claim (`take`) and leave by a
-written outcome (`settle`); in between, at most one outcome per lease waits
-in `pending`. Outcomes arrive two ways: a handler's, reported from its slot
+`Holdings` is their one owner. Jobs enter by a claim (`take`, which makes
+each claimed `Lease` an `Attempt`) and leave by a written outcome
+(`settle`); in between, at most one outcome per attempt waits in
+`pending`. Outcomes arrive two ways: a handler's, reported from its slot
 thread (`report`, then `collect` on the control loop), and the loop's own
 decisions, a timeout or a hand-back (`give_up`). Either way they are
 written by the same cycle through `outcomes.write`.
@@ -15,64 +16,21 @@ from __future__ import annotations
 
 import logging
 import queue
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ..conf import DEFAULT_LEASE_SECONDS
 from ..protocol import Cursor, Lease
 from . import outcomes
+from .attempts import DONE_IN_ATOMIC, Attempt, Outcome
 from .logs import log_job
-from .outcomes import Outcome
 
 if TYPE_CHECKING:
-    from ..results import ConveyorTaskResult
     from .instrument import Instrument, Stats
 
 logger = logging.getLogger("django_conveyor.worker")
 
 
-@dataclass(slots=True, eq=False)
-class HeldLease:
-    """One lease this worker holds, shared by the control loop and the handler's slot."""
-
-    lease: Lease  # The row as claimed; lease.owner and lease.version are the token.
-    database: str  # The alias whose conveyor_job holds the job.
-    # Bounds each statement, and each idle gap, of context.atomic() (seconds).
-    lease_seconds: float = DEFAULT_LEASE_SECONDS
-    # Set by the loop, read by the handler's thread: a plain flag is enough (and cheap).
-    lost: bool = False
-    lost_reason: str = ""
-    in_atomic: bool = False  # Holding the row lock in context.atomic() right now.
-    completed_in_atomic: bool = False  # The guarded commit wrote the completion.
-    timeout: float | None = None  # The task's timeout, known once a slot starts it.
-    started_at: float | None = None  # time.monotonic(); None while buffered.
-    finished_at: float | None = None
-    cancel_requested: bool = False  # An operator asked to cancel it (context.cancel_requested).
-    # Set by the executor while an async handler runs: cancels its asyncio task.
-    cancel_async: Callable[[], None] | None = None
-    # The result task_started carried (set by the executor); task_finished builds on it.
-    result: ConveyorTaskResult | None = None
-    # Atomic blocks open around the handler on its connection: a test's, when
-    # django_conveyor.testing runs it; 0 in a worker. context.atomic() nests in them.
-    outer_atomic_blocks: int = 0
-
-    def mark_lost(self, reason: str) -> None:
-        """Tell the handler (context.lease_held()) that its outcome will not count."""
-        self.lost_reason = reason
-        self.lost = True
-        if self.cancel_async is not None:
-            self.cancel_async()  # An async handler stops at its next await.
-
-    @property
-    def duration(self) -> float | None:
-        """Seconds the handler ran, once it has returned."""
-        if self.started_at is None or self.finished_at is None:
-            return None
-        return self.finished_at - self.started_at
-
-
-class Leases:
+class Holdings:
     def __init__(
         self,
         owner: str,
@@ -87,16 +45,16 @@ class Leases:
         self.lease_seconds = lease_seconds  # Of a claim or heartbeat: bounds context.atomic().
         self.stats = stats
         self.instrument = instrument  # None: nothing listens, and nothing is called.
-        self.held: dict[int, HeldLease] = {}
+        self.held: dict[int, Attempt] = {}  # Job id -> its attempt, until its outcome is written.
         self.pending: dict[int, Outcome] = {}  # Job id -> its outcome, not yet committed.
         self.reported: queue.SimpleQueue[Outcome] = queue.SimpleQueue()  # From slot threads.
         self.finished_attempts = 0
 
-    def take(self, claimed: list[Lease]) -> list[HeldLease]:
-        """Hold the leases a claim returned."""
-        taken = [HeldLease(lease, self.database, self.lease_seconds) for lease in claimed]
-        for held in taken:
-            self.held[held.lease.id] = held
+    def take(self, claimed: list[Lease]) -> list[Attempt]:
+        """Hold the leases a claim returned, each as an attempt."""
+        taken = [Attempt(lease, self.database, self.lease_seconds) for lease in claimed]
+        for attempt in taken:
+            self.held[attempt.lease.id] = attempt
         if claimed:
             self.stats.add("claimed", len(claimed))
             if self.instrument:
@@ -115,36 +73,37 @@ class Leases:
             except queue.Empty:
                 return
             self.finished_attempts += 1
-            job_id = outcome.held.lease.id
+            job_id = outcome.lease.id
             # The guarded commit already proved the token held: never stale.
-            if self.held.get(job_id) is not outcome.held and (
-                outcome.kind != outcomes.DONE_IN_ATOMIC
-            ):
+            if self.held.get(job_id) is not outcome.attempt and outcome.kind != DONE_IN_ATOMIC:
                 self.refused(outcome, "stale outcome (%s) not written")
                 continue
             self.pending[job_id] = outcome
 
-    def give_up(self, held: HeldLease, outcome: Outcome, reason: str) -> bool:
+    def give_up(self, attempt: Attempt, outcome: Outcome, reason: str) -> bool:
         """The loop decides this attempt's outcome itself (timeout, hand-back).
 
         The lease stops being held at once, so the handler's own outcome, if
         it ever comes, is stale. False when the attempt already has an outcome.
         """
-        if held.lease.id in self.pending or self.held.get(held.lease.id) is not held:
+        job_id = attempt.lease.id
+        if job_id in self.pending or self.held.get(job_id) is not attempt:
             return False
-        del self.held[held.lease.id]
-        held.mark_lost(reason)
-        self.pending[held.lease.id] = outcome
+        del self.held[job_id]
+        attempt.mark_lost(reason)
+        self.pending[job_id] = outcome
         return True
 
-    def lose(self, held: HeldLease, reason: str) -> None:
+    def lose(self, attempt: Attempt, reason: str) -> None:
         """The database says another party has the job: forget it, write nothing."""
-        if self.held.get(held.lease.id) is held:
-            del self.held[held.lease.id]
-        held.mark_lost(reason)  # Counted by the caller (HeartbeatCounts.leases_lost).
+        if self.held.get(attempt.lease.id) is attempt:
+            del self.held[attempt.lease.id]
+        attempt.mark_lost(reason)  # Counted by the caller (HeartbeatCounts.leases_lost).
         if self.instrument:
-            self.instrument.lease_lost(held.lease, reason)
-        log_job(logger, logging.WARNING, held.lease, "lease lost: its outcome will not be written")
+            self.instrument.lease_lost(attempt.lease, reason)
+        log_job(
+            logger, logging.WARNING, attempt.lease, "lease lost: its outcome will not be written"
+        )
 
     def renewable(self) -> list[tuple[int, int]]:
         """(job id, version) of every lease a heartbeat should renew.
@@ -152,12 +111,12 @@ class Leases:
         A job its guarded commit completed is done: nothing to renew.
         """
         return [
-            (h.lease.id, h.lease.version) for h in self.held.values() if not h.completed_in_atomic
+            (a.lease.id, a.lease.version) for a in self.held.values() if not a.completed_in_atomic
         ]
 
     def holds_isolated(self) -> bool:
         """A lease from CLAIM_ISOLATED is held: nothing may be claimed ahead beside it."""
-        return any(h.lease.isolated for h in self.held.values())
+        return any(a.lease.isolated for a in self.held.values())
 
     def statements(self) -> int:
         """How many statements writing `pending` takes (one per kind)."""
@@ -178,7 +137,7 @@ class Leases:
         each = outcomes.write_each(cur, self.owner, list(self.pending.values()), savepoint)
         self.pending.update(each.replaced)
         for job_id in each.abandoned:  # Left to its lease: no longer held, nothing pending.
-            if self.held.get(job_id) is self.pending[job_id].held:
+            if self.held.get(job_id) is self.pending[job_id].attempt:
                 del self.held[job_id]
             del self.pending[job_id]
         self.stats.add("outcomes_refused", len(each.replaced) + len(each.abandoned))
@@ -193,7 +152,7 @@ class Leases:
         """
         done = []
         for job_id, outcome in self.pending.items():
-            if self.held.get(job_id) is outcome.held:
+            if self.held.get(job_id) is outcome.attempt:
                 del self.held[job_id]
             result = written.get(job_id)
             if result is None:
@@ -203,7 +162,7 @@ class Leases:
                 self.stats.add(result)
                 if self.instrument:
                     self.instrument.outcome_written(
-                        outcome.kind, result, outcome.lease, outcome.held.duration
+                        outcome.kind, result, outcome.lease, outcome.attempt.duration
                     )
         self.pending.clear()
         return done

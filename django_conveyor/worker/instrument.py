@@ -36,7 +36,7 @@ class Instrument:
     def outcome_written(self, kind: str, result: str, lease: Lease, duration: float | None) -> None:
         """An outcome committed.
 
-        `kind` is what the attempt asked for (`outcomes.COMPLETE`, `RETRY`,
+        `kind` is what the attempt asked for (`attempts.COMPLETE`, `RETRY`,
         ...); `result` what the job became: completed, retried, dead, failed,
         snoozed or released. `duration` is the handler's run time in seconds,
         or None when the loop decided without it (a timeout, a hand-back).

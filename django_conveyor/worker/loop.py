@@ -29,17 +29,17 @@ import psycopg
 
 from ..periodic.ticks import SchedulerService
 from . import outcomes
+from .attempts import RELEASE, Attempt, Outcome
 from .backoff import WORKER_RECONNECT_SECONDS, Ladder
 from .claims import Claimer
 from .config import WorkerConfig, WorkerOptions
 from .connections import LoopConnection
 from .handlers.reporting import Reporter
 from .handlers.slots import SlotPool
-from .holdings import HeldLease, Leases
+from .holdings import Holdings
 from .instrument import Stats
 from .listener import Listener
 from .logs import log_job
-from .outcomes import RELEASE, Outcome
 from .services.base import Now, Schedule, Service
 from .services.heartbeat import Heartbeat
 from .services.reaper import Reaper
@@ -61,7 +61,7 @@ class Worker:
         self.worker_id = config.worker_id
         self.stats = Stats()
         self.instrument = options.instrument  # None: no event is even called.
-        self.leases = Leases(
+        self.holdings = Holdings(
             config.worker_id,
             config.database,
             self.stats,
@@ -78,11 +78,11 @@ class Worker:
             prefetch=config.prefetch,
         )
         self.heartbeat = Heartbeat(
-            self.leases, lease_seconds=config.lease_seconds, interval=config.heartbeat_seconds
+            self.holdings, lease_seconds=config.lease_seconds, interval=config.heartbeat_seconds
         )
         self.registry = Registry(
             WorkerInfo(id=config.worker_id, queues=config.queues, concurrency=config.concurrency),
-            leases_held=lambda: len(self.leases.held),
+            leases_held=lambda: len(self.holdings.held),
             interval=config.heartbeat_seconds,
         )
         self.schedule = Schedule(self.services(), self.stats)
@@ -101,7 +101,7 @@ class Worker:
         services: list[Service] = [
             self.heartbeat,
             Reaper(interval=self.config.reap_seconds),
-            Timeouts(self.leases, abandon=self.slots.abandon),
+            Timeouts(self.holdings, abandon=self.slots.abandon),
             self.registry,
         ]
         if self.options.cron:
@@ -161,7 +161,7 @@ class Worker:
         """Hand back what has not started, wait for the rest, hand back leftovers."""
         self.hand_back(self.slots.take_waiting(), reason="never started")
         deadline = time.monotonic() + self.config.shutdown_timeout
-        while self.leases.held and time.monotonic() < deadline:
+        while self.holdings.held and time.monotonic() < deadline:
             try:
                 self.schedule.run_due(self.connection.get(), Now.read(), draining=True)
                 self.cycle(claim=False)
@@ -171,18 +171,18 @@ class Worker:
                 time.sleep(DRAIN_RETRY_SECONDS)
             self.wake.wait(DRAIN_PASS_SECONDS)
             self.wake.clear()
-        self.hand_back(list(self.leases.held.values()), reason="shutdown timeout reached")
+        self.hand_back(list(self.holdings.held.values()), reason="shutdown timeout reached")
 
-    def hand_back(self, helds: list[HeldLease], *, reason: str) -> None:
+    def hand_back(self, attempts: list[Attempt], *, reason: str) -> None:
         """Write RELEASE for these leases now (with any other pending outcome)."""
-        self.leases.collect()  # A handler that just finished keeps its own outcome.
-        for held in helds:
+        self.holdings.collect()  # A handler that just finished keeps its own outcome.
+        for attempt in attempts:
             # A job inside its guarded block holds its row lock: handing it back
             # would wait for the block. It commits, or rolls back and is reaped.
-            if held.in_atomic or held.completed_in_atomic:
+            if attempt.in_atomic or attempt.completed_in_atomic:
                 continue
-            if self.leases.give_up(held, Outcome(RELEASE, held), f"handed back: {reason}"):
-                log_job(logger, logging.INFO, held.lease, "lease handed back (%s)", reason)
+            if self.holdings.give_up(attempt, Outcome(RELEASE, attempt), f"handed back: {reason}"):
+                log_job(logger, logging.INFO, attempt.lease, "lease handed back (%s)", reason)
         try:
             self.cycle(claim=False)
         except psycopg.Error as exc:
@@ -199,7 +199,7 @@ class Worker:
 
     def on_outcome(self, outcome: Outcome) -> None:
         """Called from a slot thread: queue the outcome and wake the control loop."""
-        self.leases.report(outcome)
+        self.holdings.report(outcome)
         self.wake.set()
 
     # -- the control loop ----------------------------------------------------
@@ -220,8 +220,8 @@ class Worker:
                 self.connection.drop()  # Pending outcomes are written again, fenced.
                 self.stopping.wait(delay)
                 continue
-            if self.options.max_jobs and self.leases.finished_attempts >= self.options.max_jobs:
-                logger.info("max jobs reached (%d): stopping", self.leases.finished_attempts)
+            if self.options.max_jobs and self.holdings.finished_attempts >= self.options.max_jobs:
+                logger.info("max jobs reached (%d): stopping", self.holdings.finished_attempts)
                 self.stop()
                 break
             if claimed:
@@ -236,13 +236,13 @@ class Worker:
         self.schedule.run_due(self.connection.get(), Now.read())
         if self.instrument:
             self.instrument.leases_counted(
-                held=len(self.leases.held), in_flight=self.slots.running()
+                held=len(self.holdings.held), in_flight=self.slots.running()
             )
         return self.cycle()
 
     def cycle(self, *, claim: bool = True) -> int:
         """Write pending outcomes and claim new work in one transaction: one commit."""
-        leases = self.leases
+        leases = self.holdings
         leases.collect()
         now = time.monotonic()
         steps = (
@@ -286,16 +286,16 @@ class Worker:
                 claimed = self.claimer.claim(cur, steps, now)
         for outcome in leases.settle(written):
             self.reporter.submit(outcome)
-        for held in leases.take(claimed):
-            self.slots.submit(held)
+        for attempt in leases.take(claimed):
+            self.slots.submit(attempt)
         return len(claimed)
 
     def idle(self) -> bool:
-        """Nothing held, nothing running, nothing left to write.
+        """Nothing attempt, nothing running, nothing left to write.
 
         A handler abandoned after its timeout does not count: its lease is gone.
         """
-        return self.leases.idle() and not self.slots.running()
+        return self.holdings.idle() and not self.slots.running()
 
     def sleep_seconds(self) -> float:
         """Until the poll interval passes or the next service is due."""

@@ -1,10 +1,9 @@
-"""What an attempt asks the database to do when it ends, and how that is written.
+"""How the outcomes of attempts are written: one fenced statement per kind.
 
-An `Outcome` is a kind plus the held lease it is about. Every write a
-worker makes about a job it holds goes through here: handlers' results
-(the executor), timeouts (timeouts.py) and hand-backs at shutdown
-(shutdown.py) all become outcomes, which the control loop writes in its
-next cycle with one fenced statement per kind (`write`).
+An `Outcome` (attempts.py) is what an attempt asks the database to do
+when it ends. Every write a worker makes about a job it holds goes
+through here: the control loop writes the pending outcomes in its next
+cycle with one fenced statement per kind (`write`).
 
 Each row is matched on its own owner and version, so a batch can mix fresh
 and stale outcomes; a writer returns what became of the rows it wrote, and
@@ -18,107 +17,46 @@ the loop writes the outcomes again one by one (`write_each`), each in a
 savepoint: the row that is still refused becomes that job's own FAIL,
 with an `OutcomeRefused` entry saying why, and every other row is written.
 
-To add a kind: a constant, a writer calling its protocol statement, and an
-entry in `WRITERS`.
+To add a kind: a constant in attempts.py, a writer here calling its
+protocol statement, and an entry in `WRITERS`.
 """
 
 from __future__ import annotations
 
 import logging
-import traceback
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import psycopg
 from django.db import DatabaseError as DjangoDatabaseError
 
 from .. import protocol
-from ..conf import MAX_SECONDS
 from ..exceptions import OutcomeRefused
-from ..protocol import Cursor, Lease
+from ..protocol import Cursor
 from ..serialization import storable_text
-from .backoff import capped_delay
+from .attempts import (
+    CANCEL_HELD,
+    COMPLETE,
+    DONE_IN_ATOMIC,
+    FAIL,
+    LOST,
+    RELEASE,
+    RETRY,
+    SNOOZE,
+    Outcome,
+)
 from .logs import log_job
 
-if TYPE_CHECKING:
-    from .holdings import HeldLease
-
-COMPLETE = "complete"
-RETRY = "retry"
-FAIL = "fail"
-SNOOZE = "snooze"
-RELEASE = "release"  # Handed back unfinished (shutdown): the attempt does not count.
-DONE_IN_ATOMIC = "done_in_atomic"  # context.atomic() already wrote the completion.
-LOST = "lost"  # The handler met LeaseLost: nothing to write.
-CANCEL_HELD = "cancel_held"  # An operator asked to cancel the running job: honour it.
-
 logger = logging.getLogger("django_conveyor.worker")
-
-
-@dataclass(slots=True)
-class Outcome:
-    kind: str
-    held: HeldLease
-    return_value: Any = None
-    delay: float = 0.0  # Seconds before the job is due again (RETRY, SNOOZE).
-    error: dict[str, Any] = field(default_factory=dict)  # The attempt's error entry.
-    note: str | None = None  # What the worker changed (a capped delay), recorded with it.
-    exception: BaseException | None = None  # What the handler raised, for task_finished.
-
-    @property
-    def lease(self) -> Lease:
-        """The token the write is guarded by."""
-        return self.held.lease
-
-
-def error_entry(exc: BaseException, note: str = "") -> dict[str, Any]:
-    """The attempt's entry in the job's `errors` (the statement adds attempt, worker, time).
-
-    Its text is made storable (NUL characters escaped, with a note saying so);
-    `note` is appended to the traceback.
-    """
-    cls = type(exc)
-    text = "".join(traceback.format_exception(exc)) + (f"\n{note}\n" if note else "")
-    return {
-        "exception_class_path": storable_text(f"{cls.__module__}.{cls.__qualname__}"),
-        "traceback": storable_text(text),
-    }
-
-
-def _capped_note(asked: float) -> str:
-    return (
-        f"The delay asked for, {asked:g} seconds, is longer than the maximum of "
-        f"{MAX_SECONDS:.0f} seconds (ten years): the job waits the maximum instead."
-    )
-
-
-def retry(held: HeldLease, delay: float, error: dict[str, Any]) -> Outcome:
-    """A RETRY after `delay` seconds; a delay past the maximum is capped and noted in `error`."""
-    asked = delay
-    delay, capped = capped_delay(delay)
-    if capped:
-        error = {**error, "traceback": f"{error.get('traceback', '')}\n{_capped_note(asked)}"}
-        log_job(logger, logging.WARNING, held.lease, "retry delay capped at %.0fs", delay)
-    return Outcome(RETRY, held, delay=delay, error=error)
-
-
-def snooze(held: HeldLease, seconds: float) -> Outcome:
-    """A SNOOZE for `seconds` (finite, zero or more); past the maximum it is capped, in history."""
-    delay, capped = capped_delay(seconds)
-    if not capped:
-        return Outcome(SNOOZE, held, delay=delay)
-    log_job(logger, logging.WARNING, held.lease, "snooze of %gs capped at %.0fs", seconds, delay)
-    return Outcome(SNOOZE, held, delay=delay, note=_capped_note(seconds))
-
 
 # A writer: one fenced statement for a batch of one kind -> {job id: what it became}.
 Writer = Callable[[Cursor, str, list[Outcome]], dict[int, str]]
 
 
 def _complete(cur: Cursor, owner: str, batch: list[Outcome]) -> dict[int, str]:
-    done = [(o.held.lease.id, o.held.lease.version, o.return_value) for o in batch]
+    done = [(o.lease.id, o.lease.version, o.return_value) for o in batch]
     return dict.fromkeys(protocol.complete(cur, owner=owner, done=done), "completed")
 
 
@@ -281,4 +219,4 @@ def refused_outcome(outcome: Outcome, refusal: BaseException) -> Outcome:
         "exception_class_path": f"{OutcomeRefused.__module__}.{OutcomeRefused.__qualname__}",
         "traceback": text.replace("\x00", "\\x00"),
     }
-    return Outcome(FAIL, outcome.held, error=error)
+    return Outcome(FAIL, outcome.attempt, error=error)

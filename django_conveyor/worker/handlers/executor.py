@@ -24,17 +24,16 @@ from ...serialization import json_round_trip
 from ...signals import heard
 from ...states import JobState
 from ...tasks import resolve_task
-from .. import outcomes
+from .. import attempts
+from ..attempts import Attempt, Outcome, error_entry
 from ..backoff import retry_delay
-from ..holdings import HeldLease
 from ..logs import log_job
-from ..outcomes import Outcome, error_entry
 
 logger = logging.getLogger("django_conveyor.executor")
 
 
-def running_result(task: Task, held: HeldLease) -> ConveyorTaskResult:
-    lease = held.lease
+def running_result(task: Task, attempt: Attempt) -> ConveyorTaskResult:
+    lease = attempt.lease
     return task_result(
         enqueued_task(
             task,
@@ -43,7 +42,7 @@ def running_result(task: Task, held: HeldLease) -> ConveyorTaskResult:
             run_after=lease.enqueued_run_after,
             backend=lease.backend,
         ),
-        database=held.database,
+        database=attempt.database,
         job_id=lease.id,
         state=JobState.RUNNING,
         args=lease.args,
@@ -56,50 +55,50 @@ def running_result(task: Task, held: HeldLease) -> ConveyorTaskResult:
     )
 
 
-def call(task: Task, held: HeldLease, result: ConveyorTaskResult | None) -> Any:
-    lease = held.lease
+def call(task: Task, attempt: Attempt, result: ConveyorTaskResult | None) -> Any:
+    lease = attempt.lease
     args = (
-        [JobContext(task_result=result, held=held), *lease.args]
+        [JobContext(task_result=result, held=attempt), *lease.args]
         if task.takes_context
         else lease.args
     )
     if iscoroutinefunction(task.func):
-        return async_to_sync(cancellable(task.func, held))(*args, **lease.kwargs)
+        return async_to_sync(cancellable(task.func, attempt))(*args, **lease.kwargs)
     return task.call(*args, **lease.kwargs)
 
 
-def cancellable(func: Callable[..., Any], held: HeldLease) -> Callable[..., Any]:
+def cancellable(func: Callable[..., Any], attempt: Attempt) -> Callable[..., Any]:
     """Run an async handler as a task that losing the lease (or a cancel) cancels."""
 
     async def run(*args: Any, **kwargs: Any) -> Any:
         task = asyncio.current_task()
         loop = asyncio.get_running_loop()
         assert task is not None
-        held.cancel_async = lambda: loop.call_soon_threadsafe(task.cancel)
+        attempt.cancel_async = lambda: loop.call_soon_threadsafe(task.cancel)
         try:
-            if held.lost:
+            if attempt.lost:
                 raise asyncio.CancelledError  # Lost before it started.
             return await func(*args, **kwargs)
         finally:
-            held.cancel_async = None
+            attempt.cancel_async = None
 
     return run
 
 
-def classify(exc: BaseException, task: Task | None, held: HeldLease) -> Outcome:
+def classify(exc: BaseException, task: Task | None, attempt: Attempt) -> Outcome:
     if isinstance(exc, LeaseLost):
-        return Outcome(outcomes.LOST, held, error=error_entry(exc))
+        return Outcome(attempts.LOST, attempt, error=error_entry(exc))
     if isinstance(exc, Snooze):
         if not 0 <= exc.seconds < math.inf:  # NaN too: retrying the same code cannot help.
             note = (
                 f"The job failed: Snooze({exc.seconds!r}) asks for no delay PostgreSQL can "
                 "store; a snooze needs a finite number of seconds, zero or more."
             )
-            return Outcome(outcomes.FAIL, held, error=error_entry(exc, note))
-        return outcomes.snooze(held, exc.seconds)
+            return Outcome(attempts.FAIL, attempt, error=error_entry(exc, note))
+        return attempts.snooze(attempt, exc.seconds)
     if isinstance(exc, Discard | ArgumentsNotSerializable):
-        return Outcome(outcomes.FAIL, held, error=error_entry(exc))
-    return outcomes.retry(held, retry_delay(task, held.lease.attempt), error_entry(exc))
+        return Outcome(attempts.FAIL, attempt, error=error_entry(exc))
+    return attempts.retry(attempt, retry_delay(task, attempt.lease.attempt), error_entry(exc))
 
 
 def connection_hygiene() -> None:
@@ -115,7 +114,7 @@ def connection_hygiene() -> None:
         conn.close_if_unusable_or_obsolete()
 
 
-def execute(held: HeldLease) -> Outcome:
+def execute(attempt: Attempt) -> Outcome:
     """Run one attempt and say what should be written; never raises.
 
     Sends `task_started`; `task_finished` waits until the outcome is
@@ -124,28 +123,28 @@ def execute(held: HeldLease) -> Outcome:
     context, or a receiver of `task_started` other than django.tasks' own
     log lines while their level is off.
     """
-    lease = held.lease
+    lease = attempt.lease
     task: Task | None = None
     result: ConveyorTaskResult | None = None
     try:
         task = resolve_task(lease.task_path)
-        held.timeout = getattr(task, "timeout", None)  # From now on timeouts.py watches it.
+        attempt.timeout = getattr(task, "timeout", None)  # From now on timeouts.py watches it.
         if heard(task_started, log_task_started, logging.INFO):
-            held.result = result = running_result(task, held)
+            attempt.result = result = running_result(task, attempt)
             task_started.send(type(task.get_backend()), task_result=result)
         elif task.takes_context:
-            held.result = result = running_result(task, held)
-        value = call(task, held, result)
+            attempt.result = result = running_result(task, attempt)
+        value = call(task, attempt, result)
         value = json_round_trip(value, f"{task.name}() return value")
-        kind = outcomes.DONE_IN_ATOMIC if held.completed_in_atomic else outcomes.COMPLETE
-        outcome = Outcome(kind, held, return_value=value)
+        kind = attempts.DONE_IN_ATOMIC if attempt.completed_in_atomic else attempts.COMPLETE
+        outcome = Outcome(kind, attempt, return_value=value)
     except BaseException as exc:
-        if held.completed_in_atomic:
+        if attempt.completed_in_atomic:
             log_job(logger, logging.ERROR, lease, "raised after its guarded commit", exc_info=exc)
-            outcome = Outcome(outcomes.DONE_IN_ATOMIC, held)
+            outcome = Outcome(attempts.DONE_IN_ATOMIC, attempt)
         else:
-            outcome = classify(exc, task, held)
+            outcome = classify(exc, task, attempt)
             outcome.exception = exc  # For task_finished receivers' sys.exc_info().
-            level = logging.INFO if outcome.kind == outcomes.SNOOZE else logging.WARNING
+            level = logging.INFO if outcome.kind == attempts.SNOOZE else logging.WARNING
             log_job(logger, level, lease, "raised %s", type(exc).__name__)
     return outcome

@@ -27,18 +27,18 @@ from ...compat import TaskResultStatus, log_task_finished, task_finished
 from ...results import finished
 from ...signals import heard
 from ...tasks import task_or_none
-from .. import outcomes
-from ..outcomes import Outcome
+from .. import attempts
+from ..attempts import Outcome
 from . import executor
 
 logger = logging.getLogger("django_conveyor.worker")
 
 FINISHED_STATUS = {
-    outcomes.COMPLETE: TaskResultStatus.SUCCESSFUL,
-    outcomes.DONE_IN_ATOMIC: TaskResultStatus.SUCCESSFUL,
-    outcomes.FAIL: TaskResultStatus.FAILED,
-    outcomes.RETRY: TaskResultStatus.FAILED,
-    outcomes.CANCEL_HELD: TaskResultStatus.FAILED,
+    attempts.COMPLETE: TaskResultStatus.SUCCESSFUL,
+    attempts.DONE_IN_ATOMIC: TaskResultStatus.SUCCESSFUL,
+    attempts.FAIL: TaskResultStatus.FAILED,
+    attempts.RETRY: TaskResultStatus.FAILED,
+    attempts.CANCEL_HELD: TaskResultStatus.FAILED,
 }  # Not RELEASE, SNOOZE: the job runs again as if the attempt had not started.
 FLUSH_SECONDS = 5.0  # At exit, how long signals still queued may take to be sent.
 
@@ -50,18 +50,18 @@ def report(outcome: Outcome) -> None:
     signal (signals.heard): otherwise no result is built at all.
     """
     status = FINISHED_STATUS.get(outcome.kind)
-    held = outcome.held
-    if status is None or held.started_at is None:
+    attempt = outcome.attempt
+    if status is None or attempt.started_at is None:
         return
     level = logging.ERROR if status == TaskResultStatus.FAILED else logging.INFO
     if not heard(task_finished, log_task_finished, level):
         return
-    started = held.result
+    started = attempt.result
     if started is None:  # Nobody heard task_started: build it now.
-        task = task_or_none(held.lease.task_path)
+        task = task_or_none(attempt.lease.task_path)
         if task is None:
             return
-        started = executor.running_result(task, held)
+        started = executor.running_result(task, attempt)
     done = finished(
         started, status=status, return_value=outcome.return_value, error=outcome.error or None
     )
@@ -86,7 +86,7 @@ class Reporter:
         self.thread.start()
 
     def submit(self, outcome: Outcome) -> None:
-        if outcome.kind in FINISHED_STATUS and outcome.held.started_at is not None:
+        if outcome.kind in FINISHED_STATUS and outcome.attempt.started_at is not None:
             self.written.put(outcome)
 
     def stop(self) -> None:

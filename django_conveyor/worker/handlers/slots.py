@@ -24,8 +24,7 @@ from dataclasses import dataclass
 
 from django.db import connections
 
-from ..holdings import HeldLease
-from ..outcomes import Outcome
+from ..attempts import Attempt, Outcome
 from . import executor
 
 DURATION_SMOOTHING = 0.1  # Weight of the newest duration in the moving average.
@@ -34,7 +33,7 @@ MAX_ABANDONED = 64  # Abandoned threads still stuck, at most; past that, no new 
 
 @dataclass(slots=True, eq=False)
 class Slot:
-    held: HeldLease | None = None  # The job its handler runs now.
+    attempt: Attempt | None = None  # The job its handler runs now.
     abandoned: bool = False  # Given up on: it ends when its handler returns.
 
 
@@ -42,7 +41,7 @@ class SlotPool:
     def __init__(self, size: int, on_outcome: Callable[[Outcome], None]) -> None:
         self.size = size
         self.on_outcome = on_outcome
-        self.ready: queue.SimpleQueue[HeldLease | None] = queue.SimpleQueue()
+        self.ready: queue.SimpleQueue[Attempt | None] = queue.SimpleQueue()
         self.busy_lock = threading.Lock()
         self.busy = 0  # Slots (not abandoned) running a handler.
         self.slots: list[Slot] = []
@@ -68,8 +67,8 @@ class SlotPool:
         for _ in range(live):
             self.ready.put(None)
 
-    def submit(self, held: HeldLease) -> None:
-        self.ready.put(held)
+    def submit(self, attempt: Attempt) -> None:
+        self.ready.put(attempt)
 
     def waiting(self) -> int:
         return self.ready.qsize()
@@ -81,12 +80,12 @@ class SlotPool:
     def in_handlers(self) -> int:
         """Threads inside a handler now, abandoned ones included."""
         with self.busy_lock:
-            return sum(slot.held is not None for slot in self.slots)
+            return sum(slot.attempt is not None for slot in self.slots)
 
-    def abandon(self, held: HeldLease) -> bool:
+    def abandon(self, attempt: Attempt) -> bool:
         """The loop gave up on this running handler: a new thread takes its slot."""
         with self.busy_lock:
-            slot = next((s for s in self.slots if s.held is held and not s.abandoned), None)
+            slot = next((s for s in self.slots if s.attempt is attempt and not s.abandoned), None)
             if slot is None or self.abandoned >= MAX_ABANDONED:
                 return False
             slot.abandoned = True
@@ -95,41 +94,41 @@ class SlotPool:
         self.add_slot()
         return True
 
-    def take_waiting(self) -> list[HeldLease]:
+    def take_waiting(self) -> list[Attempt]:
         """Remove and return every job that no slot has started."""
         taken = []
         while True:
             try:
-                held = self.ready.get_nowait()
+                attempt = self.ready.get_nowait()
             except queue.Empty:
                 return taken
-            if held is None:
+            if attempt is None:
                 self.ready.put(None)  # A stop marker: keep it for its slot.
                 return taken
-            taken.append(held)
+            taken.append(attempt)
 
     def run_slot(self, slot: Slot) -> None:
         while not slot.abandoned:
-            held = self.ready.get()
-            if held is None:
+            attempt = self.ready.get()
+            if attempt is None:
                 break
-            if held.lost:
+            if attempt.lost:
                 continue  # Handed back before it started.
             with self.busy_lock:
                 self.busy += 1
-                slot.held = held
-            held.started_at = time.monotonic()  # The executor sets held.timeout.
+                slot.attempt = attempt
+            attempt.started_at = time.monotonic()  # The executor sets attempt.timeout.
             try:
-                outcome = executor.execute(held)
+                outcome = executor.execute(attempt)
                 executor.connection_hygiene()
             finally:
-                held.finished_at = time.monotonic()
+                attempt.finished_at = time.monotonic()
                 with self.busy_lock:
-                    slot.held = None
+                    slot.attempt = None
                     if not slot.abandoned:
                         self.busy -= 1
             if not slot.abandoned:
-                self.observe(held.finished_at - held.started_at)
+                self.observe(attempt.finished_at - attempt.started_at)
             self.on_outcome(outcome)  # Stale if abandoned: logged, counted, not written.
         with self.busy_lock:
             self.slots.remove(slot)

@@ -11,7 +11,7 @@ missed rows, and those still carrying this worker's token are held.
 
 The same pass is where the worker learns what else the database wants of
 the jobs it holds: cancel requests (issue 14) arrive with the renewal and
-become CANCEL_HELD outcomes through `Leases.give_up`, counted in
+become CANCEL_HELD outcomes through `Holdings.give_up`, counted in
 `HeartbeatCounts`.
 """
 
@@ -22,9 +22,8 @@ from typing import NamedTuple
 from ... import protocol
 from ...conf import DEFAULT_HEARTBEAT_SECONDS
 from ...protocol import Cursor
-from .. import outcomes
-from ..holdings import Leases
-from ..outcomes import Outcome
+from ..attempts import CANCEL_HELD, Outcome
+from ..holdings import Holdings
 from .base import Now
 
 DEFAULT_INTERVAL_SECONDS = DEFAULT_HEARTBEAT_SECONDS  # CONVEYOR["HEARTBEAT_SECONDS"]
@@ -47,29 +46,33 @@ class Heartbeat:
     while_draining = True  # Handlers still running at shutdown keep their leases.
 
     def __init__(
-        self, leases: Leases, *, lease_seconds: float, interval: float = DEFAULT_INTERVAL_SECONDS
+        self,
+        holdings: Holdings,
+        *,
+        lease_seconds: float,
+        interval: float = DEFAULT_INTERVAL_SECONDS,
     ) -> None:
-        self.leases = leases
+        self.holdings = holdings
         self.lease_seconds = lease_seconds
         self.interval = interval
 
     def run_once(self, cursor: Cursor, now: Now) -> HeartbeatCounts:
-        held = self.leases.renewable()
+        held = self.holdings.renewable()
         if not held:
             return HeartbeatCounts()
         renewed = protocol.heartbeat(
-            cursor, owner=self.leases.owner, held=held, lease_seconds=self.lease_seconds
+            cursor, owner=self.holdings.owner, held=held, lease_seconds=self.lease_seconds
         )
         lost = 0
         for job_id, version in held:
-            current = self.leases.held.get(job_id)
+            current = self.holdings.held.get(job_id)
             if current is None or current.lease.version != version or job_id in renewed:
                 continue  # Renewed, or its outcome was written meanwhile.
             if job_id in renewed.locked:
                 continue  # Another transaction has the row locked; the token still holds.
             if current.in_atomic or current.completed_in_atomic:
                 continue  # Its own guarded block holds the row: not lost.
-            self.leases.lose(current, "heartbeat found the lease gone")
+            self.holdings.lose(current, "heartbeat found the lease gone")
             lost += 1
         cancelled = sum(self.honour_cancel(job_id) for job_id in renewed.cancel_requested)
         return HeartbeatCounts(renewed=len(renewed), leases_lost=lost, cancels_honoured=cancelled)
@@ -82,10 +85,10 @@ class Heartbeat:
         later is stale. A job inside its guarded block is not renewed (its row
         is locked), so it never gets here: its commit decides.
         """
-        held = self.leases.held.get(job_id)
-        if held is None or held.in_atomic or held.completed_in_atomic:
+        attempt = self.holdings.held.get(job_id)
+        if attempt is None or attempt.in_atomic or attempt.completed_in_atomic:
             return False
-        held.cancel_requested = True
-        return self.leases.give_up(
-            held, Outcome(outcomes.CANCEL_HELD, held), "cancelled at an operator's request"
+        attempt.cancel_requested = True
+        return self.holdings.give_up(
+            attempt, Outcome(CANCEL_HELD, attempt), "cancelled at an operator's request"
         )

@@ -23,16 +23,16 @@ from typing import NamedTuple
 
 from ...protocol import Cursor
 from ...tasks import task_or_none
-from .. import outcomes
+from .. import attempts
+from ..attempts import Attempt, error_entry
 from ..backoff import retry_delay
-from ..holdings import HeldLease, Leases
+from ..holdings import Holdings
 from ..logs import log_job
-from ..outcomes import error_entry
 from .base import Now
 
 logger = logging.getLogger("django_conveyor.worker")
 
-DEFAULT_INTERVAL_SECONDS = 0.0  # Every pass: the check is a walk over the held leases.
+DEFAULT_INTERVAL_SECONDS = 0.0  # Every pass: the check is a walk over the held attempts.
 
 
 class TimeoutCounts(NamedTuple):
@@ -45,29 +45,33 @@ class Timeouts:
     while_draining = False  # At shutdown, leftovers are handed back instead.
 
     def __init__(
-        self, leases: Leases, *, abandon: Callable[[HeldLease], object] | None = None
+        self, holdings: Holdings, *, abandon: Callable[[Attempt], object] | None = None
     ) -> None:
-        self.leases = leases
+        self.holdings = holdings
         self.abandon = abandon  # Gives the handler's slot to a new thread.
 
     def run_once(self, cursor: Cursor | None, now: Now) -> TimeoutCounts:
         timed_out = 0
-        for held in list(self.leases.held.values()):
-            if held.started_at is None or held.timeout is None or held.finished_at is not None:
+        for attempt in list(self.holdings.held.values()):
+            if (
+                attempt.started_at is None
+                or attempt.timeout is None
+                or attempt.finished_at is not None
+            ):
                 continue
-            if now.monotonic - held.started_at < held.timeout:
+            if now.monotonic - attempt.started_at < attempt.timeout:
                 continue
-            if held.in_atomic or held.completed_in_atomic:
+            if attempt.in_atomic or attempt.completed_in_atomic:
                 continue  # Its guarded block decides.
-            lease = held.lease
+            lease = attempt.lease
             error = error_entry(
-                TimeoutError(f"The attempt ran past its timeout of {held.timeout:g} seconds.")
+                TimeoutError(f"The attempt ran past its timeout of {attempt.timeout:g} seconds.")
             )
             delay = retry_delay(task_or_none(lease.task_path), lease.attempt)
-            outcome = outcomes.retry(held, delay, error)
-            if self.leases.give_up(held, outcome, f"timed out after {held.timeout:g}s"):
+            outcome = attempts.retry(attempt, delay, error)
+            if self.holdings.give_up(attempt, outcome, f"timed out after {attempt.timeout:g}s"):
                 timed_out += 1
-                log_job(logger, logging.WARNING, lease, "timed out after %gs", held.timeout)
+                log_job(logger, logging.WARNING, lease, "timed out after %gs", attempt.timeout)
                 if self.abandon is not None:
-                    self.abandon(held)
+                    self.abandon(attempt)
         return TimeoutCounts(timed_out=timed_out)
