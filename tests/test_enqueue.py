@@ -173,7 +173,7 @@ class TestOrdering:
         result = tasks.add.using(run_after=later).enqueue(1, 1)
         tasks.add.enqueue(2, 2)
         worker = run_burst()
-        assert worker.stats.counts["completed"] == 1
+        assert worker.counters.counts["completed"] == 1
         assert Job.objects.get(pk=result.id).state == "available"
 
     def test_naive_run_after_is_refused(self):

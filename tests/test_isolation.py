@@ -160,5 +160,5 @@ def test_a_failure_postgresql_refuses_too_is_left_to_its_lease(monkeypatch):
     row = Job.objects.get(pk=poisoned.id)
     assert (row.state, row.lease_owner) == ("running", worker.worker_id)
     assert poisoned.id not in worker.holdings.held
-    assert worker.stats.counts["outcomes_refused"] == 1
+    assert worker.counters.counts["outcomes_refused"] == 1
     assert Job.objects.get(pk=fine.id).state == "completed"

@@ -22,8 +22,8 @@ from django_conveyor.worker.attempts import Attempt, Outcome
 from django_conveyor.worker.claims import Claimer
 from django_conveyor.worker.connections import connect
 from django_conveyor.worker.holdings import Holdings
-from django_conveyor.worker.instrument import Instrument, Stats
-from django_conveyor.worker.services.base import Now, Schedule
+from django_conveyor.worker.instrument import Counters, Instrument
+from django_conveyor.worker.services.base import Now, Timetable
 from django_conveyor.worker.services.heartbeat import Heartbeat, HeartbeatCounts, interval_for
 from django_conveyor.worker.services.reaper import ReapCounts, Reaper
 from django_conveyor.worker.services.timeouts import TimeoutCounts, Timeouts
@@ -68,7 +68,7 @@ def recorder():
 
 @pytest.fixture
 def holdings(recorder):
-    return Holdings(OWNER, "default", Stats(), recorder)
+    return Holdings(OWNER, "default", Counters(), recorder)
 
 
 def claim(conn, holdings, n=10) -> list[Attempt]:
@@ -200,7 +200,7 @@ class TestTimeouts:
         assert (after.state, after.attempt, after.lease_owner) == ("available", 1, None)
         assert after.errors[0]["exception_class_path"] == "builtins.TimeoutError"
         assert "past its timeout of 2 seconds" in after.errors[0]["traceback"]
-        assert holdings.stats.counts["retried"] == 1
+        assert holdings.counters.counts["retried"] == 1
 
     def test_the_last_attempt_timing_out_is_dead(self, conn, holdings):
         JobFactory(max_attempts=1)
@@ -209,7 +209,7 @@ class TestTimeouts:
         assert Timeouts(holdings).run_once(None, T0) == TimeoutCounts(timed_out=1)
         cycle(conn, holdings)
         assert row(held).state == "dead"
-        assert holdings.stats.counts["dead"] == 1
+        assert holdings.counters.counts["dead"] == 1
 
     def test_an_attempt_in_its_guarded_block_or_finished_is_left_alone(self, conn, holdings):
         JobFactory.create_batch(3)
@@ -231,7 +231,7 @@ class TestTimeouts:
         cycle(conn, holdings)
         assert row(held).state == "available"
         assert ("refused", attempts.COMPLETE, held.lease.id) in recorder.events
-        assert holdings.stats.counts["stale_outcomes"] == 1
+        assert holdings.counters.counts["stale_outcomes"] == 1
 
 
 class TestOutcomePath:
@@ -252,7 +252,7 @@ class TestOutcomePath:
         states = {h.lease.id: row(h).state for h in (done, failed, snoozed, handed_back, stale)}
         assert list(states.values()) == ["completed", "failed", "available", "available", "running"]
         assert row(handed_back).attempt == 0  # A hand-back gives the attempt back.
-        assert dict(holdings.stats.counts) == {
+        assert dict(holdings.counters.counts) == {
             "claimed": 5,
             "completed": 1,
             "failed": 1,
@@ -332,7 +332,7 @@ class TestClaimer:
             assert claimer.claim(cur, steps, now=T) == []
 
 
-class TestSchedule:
+class TestTimetable:
     def test_runs_what_is_due_adds_counts_and_carries_on_after_a_failure(self, conn, caplog):
         calls = []
 
@@ -350,8 +350,8 @@ class TestSchedule:
                 calls.append(("counting", now.monotonic))
                 return ReapCounts(reaped=2)
 
-        stats = Stats()
-        schedule = Schedule([Broken(), Counting()], stats)
+        stats = Counters()
+        schedule = Timetable([Broken(), Counting()], stats)
         with caplog.at_level(logging.ERROR):
             schedule.run_due(conn, T0)
         assert "broken failed; it runs again in 5.0s" in caplog.text
@@ -374,7 +374,7 @@ class TestSchedule:
             def run_once(self, cursor, now):
                 raise psycopg.OperationalError("server closed the connection")
 
-        schedule = Schedule([Disconnected()], Stats())
+        schedule = Timetable([Disconnected()], Counters())
         with pytest.raises(psycopg.OperationalError):
             schedule.run_due(conn, T0)
         assert schedule.earliest_due() == 0.0  # Runs first thing after the reconnect.

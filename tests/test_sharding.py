@@ -54,7 +54,7 @@ def test_pausing_a_sharded_queue_pauses_it_where_workers_claim():
     operations.pause(["other"])
     assert Queue.objects.using("shard").get(name="other").paused
     worker = run_burst(queues=("other",))
-    assert worker.stats.counts["claimed"] == 0
+    assert worker.counters.counts["claimed"] == 0
     operations.resume(["other"])
     run_burst(queues=("other",))
     result.refresh()

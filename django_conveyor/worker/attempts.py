@@ -25,7 +25,7 @@ from ..conf import DEFAULT_LEASE_SECONDS, MAX_SECONDS
 from ..protocol import Lease
 from ..serialization import storable_text
 from .backoff import capped_delay
-from .logs import log_job
+from .instrument import log_job
 
 if TYPE_CHECKING:
     from ..results import ConveyorTaskResult

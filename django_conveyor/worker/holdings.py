@@ -22,10 +22,10 @@ from ..conf import DEFAULT_LEASE_SECONDS
 from ..protocol import Cursor, Lease
 from . import outcomes
 from .attempts import DONE_IN_ATOMIC, Attempt, Outcome
-from .logs import log_job
+from .instrument import log_job
 
 if TYPE_CHECKING:
-    from .instrument import Instrument, Stats
+    from .instrument import Counters, Instrument
 
 logger = logging.getLogger("django_conveyor.worker")
 
@@ -35,7 +35,7 @@ class Holdings:
         self,
         owner: str,
         database: str,
-        stats: Stats,
+        counters: Counters,
         instrument: Instrument | None = None,
         *,
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
@@ -43,7 +43,7 @@ class Holdings:
         self.owner = owner  # The worker id: lease_owner of every lease held here.
         self.database = database
         self.lease_seconds = lease_seconds  # Of a claim or heartbeat: bounds context.atomic().
-        self.stats = stats
+        self.counters = counters
         self.instrument = instrument  # None: nothing listens, and nothing is called.
         self.held: dict[int, Attempt] = {}  # Job id -> its attempt, until its outcome is written.
         self.pending: dict[int, Outcome] = {}  # Job id -> its outcome, not yet committed.
@@ -56,7 +56,7 @@ class Holdings:
         for attempt in taken:
             self.held[attempt.lease.id] = attempt
         if claimed:
-            self.stats.add("claimed", len(claimed))
+            self.counters.add("claimed", len(claimed))
             if self.instrument:
                 self.instrument.claimed(claimed)
         return taken
@@ -140,7 +140,7 @@ class Holdings:
             if self.held.get(job_id) is self.pending[job_id].attempt:
                 del self.held[job_id]
             del self.pending[job_id]
-        self.stats.add("outcomes_refused", len(each.replaced) + len(each.abandoned))
+        self.counters.add("outcomes_refused", len(each.replaced) + len(each.abandoned))
         return each.written
 
     def settle(self, written: dict[int, str]) -> list[Outcome]:
@@ -159,7 +159,7 @@ class Holdings:
                 self.refused(outcome, "stale outcome (%s) refused")
             else:
                 done.append(outcome)
-                self.stats.add(result)
+                self.counters.add(result)
                 if self.instrument:
                     self.instrument.outcome_written(
                         outcome.kind, result, outcome.lease, outcome.attempt.duration
@@ -168,7 +168,7 @@ class Holdings:
         return done
 
     def refused(self, outcome: Outcome, message: str) -> None:
-        self.stats.add("stale_outcomes")
+        self.counters.add("stale_outcomes")
         if self.instrument:
             self.instrument.outcome_refused(outcome.kind, outcome.lease)
         log_job(logger, logging.WARNING, outcome.lease, message, outcome.kind)

@@ -1,4 +1,4 @@
-"""Instrumentation: what a worker reports as it works, and its own counters.
+"""What a worker reports as it works: the metrics hook, its counters, its log lines.
 
 `Instrument` is the hook a metrics exporter subscribes to. The worker calls
 it at the points metrics need: jobs claimed, each outcome written (with its
@@ -13,15 +13,19 @@ trips: keep methods quick and never raise (an exception would count as a
 control-loop error). `Lease` carries the labels (`queue`, `task_path`) and
 `Lease.pickup_delay`, the seconds from when the job was due to its claim.
 
-`Stats` are the worker's own counters, logged when it stops.
+`Counters` are the worker's own counts, logged when it stops.
+
+`log_job` writes a log line that says which job, task, queue, attempt and
+token it is about, and passes the same fields as `extra=`.
 """
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from ..protocol import Lease
@@ -53,7 +57,7 @@ class Instrument:
 
 
 @dataclass(slots=True)
-class Stats:
+class Counters:
     """Counters of one worker process, logged when it stops."""
 
     counts: Counter[str] = field(default_factory=Counter)
@@ -65,3 +69,41 @@ class Stats:
         for name, n in counts.items():
             if n:
                 self.counts[name] += n
+
+
+class JobFields(Protocol):
+    """What a line about a job names: a claimed `Lease`, or a `Reaped` row."""
+
+    id: int
+    task_path: str
+    queue: str
+    attempt: int
+    version: int
+    owner: str | None
+
+
+def job_extra(lease: JobFields) -> dict[str, Any]:
+    """Fields for `extra=`, so structured handlers can index them."""
+    return {
+        "job_id": lease.id,
+        "task": lease.task_path,
+        "queue": lease.queue,
+        "attempt": lease.attempt,
+        "token": lease.version,
+        "worker_id": lease.owner,  # The token's owner: who holds (or, reaped, held) the lease.
+    }
+
+
+def job_label(lease: JobFields) -> str:
+    return (
+        f"job={lease.id} task={lease.task_path} queue={lease.queue} "
+        f"attempt={lease.attempt} token={lease.version}"
+    )
+
+
+def log_job(
+    logger: logging.Logger, level: int, lease: JobFields, message: str, *args: Any, **kw: Any
+) -> None:
+    """Log `message` prefixed with the job's fields, and the same fields as extras."""
+    if logger.isEnabledFor(level):
+        logger.log(level, f"{job_label(lease)} {message}", *args, extra=job_extra(lease), **kw)

@@ -4,18 +4,18 @@ The control loop owns the worker's database connection and does all of its
 protocol traffic. Each pass:
 
 1. runs the maintenance services that are due: the heartbeat, the reaper,
-   the timeouts and the cron scheduler (heartbeat.py, reaper.py,
-   timeouts.py, scheduler.py; services.py says what a service is);
+   the timeouts, the registry and the cron scheduler (services/; base.py
+   says what a service is, and `Timetable` runs the due ones);
 2. runs one cycle: write every pending outcome and claim new work, in one
-   transaction (leases.py holds the leases and their outcomes, claims.py
-   sizes and runs the claim);
-3. sleeps until a NOTIFY (listener.py) or a finished handler wakes it, a
-   service is due, or the poll interval passes.
+   transaction (holdings.py holds the attempts and their outcomes,
+   outcomes.py writes them, claims.py sizes and runs the claim);
+3. sleeps until a NOTIFY (`Listener`, connections.py) or a finished handler
+   wakes it, a service is due, or the poll interval passes.
 
-Handlers run in slot threads (slots.py, executor.py). Signals are in
-shutdown.py, which also says what a graceful stop does; the drain and the
-hand-back are this loop's own (`Worker.drain`, `Worker.hand_back`).
-`--processes` is supervisor.py.
+Handlers run in slot threads (handlers/). Signals are in shutdown.py, which
+also says what a graceful stop does; the drain and the hand-back are this
+loop's own (`Worker.drain`, `Worker.hand_back`). Its options are in
+config.py; `--processes` is supervisor.py.
 """
 
 from __future__ import annotations
@@ -33,14 +33,12 @@ from .attempts import RELEASE, Attempt, Outcome
 from .backoff import WORKER_RECONNECT_SECONDS, Ladder
 from .claims import Claimer
 from .config import WorkerConfig, WorkerOptions
-from .connections import LoopConnection
+from .connections import Listener, LoopConnection
 from .handlers.reporting import Reporter
 from .handlers.slots import SlotPool
 from .holdings import Holdings
-from .instrument import Stats
-from .listener import Listener
-from .logs import log_job
-from .services.base import Now, Schedule, Service
+from .instrument import Counters, log_job
+from .services.base import Now, Service, Timetable
 from .services.heartbeat import Heartbeat
 from .services.reaper import Reaper
 from .services.registry import Registry, WorkerInfo
@@ -59,12 +57,12 @@ class Worker:
         self.options = options
         self.config = config = WorkerConfig.resolve(options)
         self.worker_id = config.worker_id
-        self.stats = Stats()
+        self.counters = Counters()
         self.instrument = options.instrument  # None: no event is even called.
         self.holdings = Holdings(
             config.worker_id,
             config.database,
-            self.stats,
+            self.counters,
             self.instrument,
             lease_seconds=config.lease_seconds,
         )
@@ -85,7 +83,7 @@ class Worker:
             leases_held=lambda: len(self.holdings.held),
             interval=config.heartbeat_seconds,
         )
-        self.schedule = Schedule(self.services(), self.stats)
+        self.timetable = Timetable(self.services(), self.counters)
         # A listener DSN or poll-only mode means the main DSN may be a pooler.
         self.connection = LoopConnection(
             config.database, prepare=config.listen and not config.listener_dsn
@@ -141,7 +139,7 @@ class Worker:
             self.reporter.stop()
             self.connection.drop()
         logger.info(
-            "worker %s stopped: %s", self.worker_id, dict(sorted(self.stats.counts.items()))
+            "worker %s stopped: %s", self.worker_id, dict(sorted(self.counters.counts.items()))
         )
         return EXIT_OK
 
@@ -163,7 +161,7 @@ class Worker:
         deadline = time.monotonic() + self.config.shutdown_timeout
         while self.holdings.held and time.monotonic() < deadline:
             try:
-                self.schedule.run_due(self.connection.get(), Now.read(), draining=True)
+                self.timetable.run_due(self.connection.get(), Now.read(), draining=True)
                 self.cycle(claim=False)
             except psycopg.Error as exc:
                 logger.warning("database unavailable during shutdown (%s)", exc)
@@ -233,7 +231,7 @@ class Worker:
 
     def one_pass(self) -> int:
         """Run the services that are due, then one cycle; returns how many jobs it claimed."""
-        self.schedule.run_due(self.connection.get(), Now.read())
+        self.timetable.run_due(self.connection.get(), Now.read())
         if self.instrument:
             self.instrument.leases_counted(
                 held=len(self.holdings.held), in_flight=self.slots.running()
@@ -300,5 +298,5 @@ class Worker:
     def sleep_seconds(self) -> float:
         """Until the poll interval passes or the next service is due."""
         return min(
-            self.config.poll_seconds, max(self.schedule.earliest_due() - time.monotonic(), 0.0)
+            self.config.poll_seconds, max(self.timetable.earliest_due() - time.monotonic(), 0.0)
         )

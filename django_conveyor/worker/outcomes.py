@@ -47,7 +47,7 @@ from .attempts import (
     SNOOZE,
     Outcome,
 )
-from .logs import log_job
+from .instrument import log_job
 
 logger = logging.getLogger("django_conveyor.worker")
 

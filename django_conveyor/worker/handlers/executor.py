@@ -27,7 +27,7 @@ from ...tasks import resolve_task
 from .. import attempts
 from ..attempts import Attempt, Outcome, error_entry
 from ..backoff import retry_delay
-from ..logs import log_job
+from ..instrument import log_job
 
 logger = logging.getLogger("django_conveyor.executor")
 

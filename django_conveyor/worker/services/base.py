@@ -7,7 +7,7 @@ A service is a small object with
 - `while_draining`: whether it keeps running during a graceful shutdown;
 - `run_once(cursor, now) -> counts`: one pass, on the control loop's
   connection, returning a NamedTuple of ints that the worker adds to its
-  stats under the field names. Tests call it directly.
+  counters under the field names. Tests call it directly.
 
 A service whose next pass depends on what it found keeps its own
 `next_due` (monotonic), which the schedule then follows instead of
@@ -16,7 +16,7 @@ A service whose next pass depends on what it found keeps its own
 
 The worker builds its services in `Worker.services()` (heartbeat, reaper,
 timeouts, the cron scheduler); the worker registry plugs in there too. The
-control loop calls `Schedule.run_due` on every pass, which runs each service
+control loop calls `Timetable.run_due` on every pass, which runs each service
 that is due, logs a failure and carries on; only a lost connection goes up
 to the loop, which reconnects.
 """
@@ -31,7 +31,7 @@ from typing import NamedTuple, Protocol
 import psycopg
 
 from ...protocol import Cursor
-from ..instrument import Stats
+from ..instrument import Counters
 
 logger = logging.getLogger("django_conveyor.worker")
 
@@ -63,12 +63,12 @@ class Service(Protocol):
 CONNECTION_ERRORS = (psycopg.OperationalError, psycopg.InterfaceError)
 
 
-class Schedule:
+class Timetable:
     """When each service runs next."""
 
-    def __init__(self, services: list[Service], stats: Stats) -> None:
+    def __init__(self, services: list[Service], counters: Counters) -> None:
         self.services = services
-        self.stats = stats
+        self.counters = counters
         self.due = dict.fromkeys((s.name for s in services), 0.0)  # monotonic
 
     def due_at(self, service: Service) -> float:
@@ -96,7 +96,7 @@ class Schedule:
                     if failed := getattr(service, "failed", None):
                         failed()  # Its own clean-up (a connection it may have broken).
                 else:
-                    self.stats.update(counts._asdict())
+                    self.counters.update(counts._asdict())
 
     def earliest_due(self) -> float:
         """When the next service with an interval is due (monotonic; inf when none)."""

@@ -16,7 +16,7 @@ from ... import protocol
 from ...conf import DEFAULT_REAP_SECONDS
 from ...protocol import Cursor
 from ...states import JobState
-from ..logs import log_job
+from ..instrument import log_job
 from .base import Now
 
 logger = logging.getLogger("django_conveyor.worker")

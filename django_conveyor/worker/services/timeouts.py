@@ -27,7 +27,7 @@ from .. import attempts
 from ..attempts import Attempt, error_entry
 from ..backoff import retry_delay
 from ..holdings import Holdings
-from ..logs import log_job
+from ..instrument import log_job
 from .base import Now
 
 logger = logging.getLogger("django_conveyor.worker")
