@@ -98,6 +98,7 @@ from .exceptions import (
     IdempotencyKeyReused,
     TooManyDependencies,
 )
+from .serialization import loaded
 from .states import JobState
 
 NOTIFY_CHANNEL = "conveyor"
@@ -775,7 +776,7 @@ def enqueue(cursor: Cursor, jobs: Sequence[NewJob], *, notify: bool) -> list[Enq
                 id_, at, after, _ = by_key[key]
             else:
                 id_, _, at, after, task_path, args, kwargs, queue = existing[key]
-                args, kwargs = _loaded(args), _loaded(kwargs)
+                args, kwargs = loaded(args), loaded(kwargs)
                 _check_same_operation(key, id_, job, task_path, args, kwargs, queue)
             results.append(Enqueued(id_, at, after, created=False))
     _add_edges(cursor, jobs, results)
@@ -831,11 +832,6 @@ def _add_edges(cursor: Cursor, jobs: Sequence[NewJob], results: Sequence[Enqueue
                 depends_on_ids.append(dep)
     if job_ids:
         cursor.execute(ENQUEUE_DEPENDENCIES, {"job_ids": job_ids, "depends_on_ids": depends_on_ids})
-
-
-def _loaded(value: Any) -> Any:
-    """jsonb as Python: Django's cursors hand it over as text, psycopg's decoded."""
-    return json.loads(value) if isinstance(value, str) else value
 
 
 def _check_same_operation(

@@ -42,7 +42,7 @@ from .compat import Task
 from .conf import conveyor_settings
 from .models import Job
 from .results import ConveyorTaskResult, result_from_job, result_id
-from .serialization import json_round_trip
+from .serialization import json_round_trip, loaded
 from .states import JobState
 from .worker import attempts, outcomes
 from .worker.attempts import Attempt
@@ -231,9 +231,9 @@ def _claim(database: str, owner: str, queues: Sequence[str] | None) -> list[prot
     # Django's cursors hand jsonb over as text; the worker's own connection decodes it.
     return [
         lease._replace(
-            args=protocol._loaded(lease.args),
-            kwargs=protocol._loaded(lease.kwargs),
-            errors=protocol._loaded(lease.errors),
+            args=loaded(lease.args),
+            kwargs=loaded(lease.kwargs),
+            errors=loaded(lease.errors),
         )
         for lease in leases
     ]

@@ -11,9 +11,10 @@ from django.db import connection, transaction
 from django_conveyor import protocol
 from django_conveyor.models import Cron, Job
 from django_conveyor.periodic import ticks
-from django_conveyor.periodic.expressions import Schedule
+from django_conveyor.periodic.expressions import Timing
 from django_conveyor.periodic.schedules import tick_job
 from django_conveyor.worker.connections import connect
+from django_conveyor.worker.services.scheduler import SchedulerService
 from tests.factories import CronFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -305,7 +306,7 @@ def test_two_schedulers_racing_the_same_passes_write_one_job_per_tick():
 
 
 def test_the_service_sleeps_until_the_next_tick_or_one_interval():
-    service = ticks.SchedulerService()
+    service = SchedulerService()
     with connection.cursor() as cursor:
         db_now = ticks.database_now(cursor)
         CronFactory(schedule="0 0 1 1 *", created=db_now)  # next year
@@ -330,7 +331,7 @@ def test_forward_and_backward_ticks_agree_across_dst():
             "0 */2 * * *",
             "*/20 * * * *",
         ):
-            timing = Schedule(expression, zone)
+            timing = Timing(expression, zone)
             begin, end = at("2026-03-01T00:00Z"), at("2026-11-30T00:00Z")
             forward = []
             for tick in timing.ticks_after(begin - timedelta(microseconds=1)):

@@ -14,6 +14,7 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
+from django.db import connections
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.urls import NoReverseMatch, reverse
@@ -21,7 +22,7 @@ from django.utils.html import format_html
 
 from ..conf import conveyor_settings
 from ..models import Cron, Job
-from ..periodic import expressions, schedules
+from ..periodic import expressions, schedules, ticks
 
 FORM_FIELDS = {"task": "task_path", None: "name"}  # Problem.field -> form field.
 SCHEDULE_FIELDS = ("schedule", "timezone", "task_path", "args", "kwargs", "queue", "priority")
@@ -146,7 +147,8 @@ class CronAdmin(admin.ModelAdmin):
             or obj.next_tick_at is None
             or {"schedule", "timezone"} & set(form.changed_data)
         ):
-            obj.next_tick_at = schedules.first_tick(obj, schedules.database_now(database))
+            with connections[database].cursor() as cursor:
+                obj.next_tick_at = schedules.first_tick(obj, ticks.database_now(cursor))
         obj.save(using=database)
 
     def delete_model(self, request: HttpRequest, obj: Cron) -> None:

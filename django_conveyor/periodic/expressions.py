@@ -71,7 +71,7 @@ def _imaginary(local: datetime) -> bool:
 
 
 @dataclass(frozen=True, slots=True)
-class Schedule:
+class Timing:
     """A cron expression in a time zone: the ticks it makes, as UTC instants."""
 
     expression: str
@@ -162,6 +162,6 @@ class Schedule:
 
 
 @functools.lru_cache(maxsize=4096)
-def parsed(expression: str, timezone: str) -> Schedule:
-    """Schedule(expression, timezone), validated once per process."""
-    return Schedule(expression, timezone)
+def parsed(expression: str, timezone: str) -> Timing:
+    """Timing(expression, timezone), validated once per process."""
+    return Timing(expression, timezone)

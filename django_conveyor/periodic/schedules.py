@@ -25,8 +25,9 @@ from ..compat import TASK_MAX_PRIORITY, TASK_MIN_PRIORITY, Task, task_backends
 from ..conf import conveyor_settings, raw_settings
 from ..exceptions import ArgumentsNotSerializable, ConveyorError, UnknownTask
 from ..serialization import json_round_trip
-from ..tasks import resolve_task, task_or_none
+from ..tasks import resolve_task
 from . import expressions
+from .ticks import database_now, tick_job
 
 FIELDS = ("schedule", "task", "timezone", "args", "kwargs", "queue", "priority", "missed")
 REQUIRED = ("schedule", "task")
@@ -78,8 +79,8 @@ class ScheduleSpec:
     def row_values(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if k != "name"}
 
-    def timing(self) -> expressions.Schedule:
-        return expressions.Schedule(self.schedule, self.timezone)
+    def timing(self) -> expressions.Timing:
+        return expressions.Timing(self.schedule, self.timezone)
 
 
 def _task(path: Any) -> tuple[Task | None, str | None]:
@@ -127,7 +128,7 @@ def validate(name: Any, entry: Any) -> tuple[ScheduleSpec | None, list[Problem]]
         tz = DEFAULT_TIMEZONE
     if "schedule" in entry:
         try:
-            expressions.Schedule(entry["schedule"], tz)
+            expressions.Timing(entry["schedule"], tz)
         except expressions.CronNotInstalled as exc:
             found.append(Problem(E_NOT_INSTALLED, "schedule", str(exc)))
         except expressions.InvalidSchedule as exc:
@@ -242,16 +243,10 @@ class SyncCounts:
     disabled: int = 0
 
 
-def database_now(database: str) -> datetime:
-    with connections[database].cursor() as cursor:
-        cursor.execute("SELECT now()")
-        return cursor.fetchone()[0]
-
-
 def first_tick(spec: ScheduleSpec | Any, now: datetime) -> datetime | None:
     """The first tick after `now`; None for a row whose expression no longer parses."""
     try:
-        return expressions.Schedule(spec.schedule, spec.timezone).next_after(now)
+        return expressions.Timing(spec.schedule, spec.timezone).next_after(now)
     except expressions.InvalidSchedule:
         return None
 
@@ -275,7 +270,7 @@ def sync(database: str, specs: Mapping[str, ScheduleSpec] | None = None) -> Sync
     with transaction.atomic(using=database):
         with connections[database].cursor() as cursor:
             cursor.execute("SELECT pg_advisory_xact_lock(%s)", [SYNC_LOCK])
-        now = database_now(database)
+            now = database_now(cursor)
         rows = {c.name: c for c in Cron.objects.using(database).select_for_update()}
         for name, spec in mine.items():
             row = rows.get(name)
@@ -335,23 +330,10 @@ def set_enabled(name: str, enabled: bool, *, database: str | None = None) -> boo
             return False
         row.enabled = enabled
         if enabled and row.next_tick_at is None:
-            row.next_tick_at = first_tick(row, database_now(alias))
+            with connections[alias].cursor() as cursor:
+                row.next_tick_at = first_tick(row, database_now(cursor))
         row.save(using=alias, update_fields=["enabled", "next_tick_at", "updated_at"])
     return True
-
-
-def tick_job(row: Any) -> protocol.NewJob:
-    """The job a tick of this schedule enqueues (the task gives attempts and backend)."""
-    task = task_or_none(row.task_path)
-    return protocol.NewJob(
-        task_path=row.task_path,
-        args=protocol._loaded(row.args),
-        kwargs=protocol._loaded(row.kwargs),
-        queue=row.queue,
-        backend=task.backend if task else "default",
-        priority=row.priority,
-        max_attempts=(getattr(task, "max_attempts", None) or conveyor_settings().MAX_ATTEMPTS),
-    )
 
 
 def run_now(name: str, *, database: str | None = None) -> protocol.Enqueued:
@@ -362,8 +344,7 @@ def run_now(name: str, *, database: str | None = None) -> protocol.Enqueued:
     """
     row, alias = find(name, database)
     with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
-        cursor.execute("SELECT clock_timestamp()")
-        at = cursor.fetchone()[0].astimezone(UTC).replace(tzinfo=None).isoformat()
+        at = database_now(cursor).astimezone(UTC).replace(tzinfo=None).isoformat()
         job = tick_job(row)
         keyed = protocol.NewJob(**{**asdict(job), "idempotency_key": f"cron:{name}:manual:{at}Z"})
         return protocol.enqueue(cursor, [keyed], notify=conveyor_settings().NOTIFY)[0]

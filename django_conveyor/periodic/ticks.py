@@ -1,7 +1,8 @@
-"""The scheduler service: turn due ticks of `conveyor_cron` into jobs.
+"""How a due tick of `conveyor_cron` becomes one job.
 
-Every worker runs it (unless `--no-cron`), so schedules keep running while
-any worker does, with no leader to elect. Each tick is enqueued by
+Every worker runs a pass (worker/services/scheduler.py, unless `--no-cron`),
+so schedules keep running while any worker does, with no leader to elect.
+Each tick is enqueued by
 `protocol.CRON_ENQUEUE`, which inserts the tick's job under the key
 `cron:<name>:<tick in UTC>` and advances the row in one statement, guarded
 by the row's `next_tick_at`: however many schedulers run the same pass, one
@@ -23,27 +24,24 @@ them all (the most recent BACKFILL_LIMIT), `skip` none.
 from __future__ import annotations
 
 import logging
-import time
-from dataclasses import astuple, dataclass
+from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, NamedTuple
+from typing import Any
 
 import psycopg
 from django import db
-from django.db import connections
 
 from .. import protocol
 from ..conf import conveyor_settings
+from ..serialization import loaded
+from ..tasks import task_or_none
 from . import expressions
-from .schedules import sync, tick_job
 
 logger = logging.getLogger("django_conveyor.scheduler")
 
-INTERVAL_SECONDS = 1.0  # Longest sleep between passes: schedules added elsewhere show up.
 BATCH_SIZE = 500  # Due schedules per pass; more due means another pass at once.
 GRACE_SECONDS = 60.0  # A tick older than this when its pass runs was missed.
 BACKFILL_LIMIT = 100  # Missed ticks `all` enqueues per schedule and outage (the latest).
-WAKE_MARGIN_SECONDS = 0.001  # Wake just after the tick, not just before it.
 
 DUE = """
 SELECT id, name, schedule, timezone, task_path, args, kwargs, queue, priority, missed,
@@ -89,7 +87,7 @@ class Plan:
     dropped: bool = False  # Some missed ticks are not among `ticks`.
 
 
-def plan(timing: expressions.Schedule, start: datetime, now: datetime, missed: str) -> Plan:
+def plan(timing: expressions.Timing, start: datetime, now: datetime, missed: str) -> Plan:
     """The ticks to enqueue for a row whose first unenqueued tick is `start`."""
     cutoff = now - timedelta(seconds=GRACE_SECONDS)
     on_time: list[datetime] = [start] if start >= cutoff else []
@@ -203,72 +201,21 @@ def _write(cursor: protocol.Cursor, row: DueRow, step: Plan, notify: bool, count
         expected = following
 
 
+def tick_job(row: Any) -> protocol.NewJob:
+    """The job a tick of this schedule enqueues (the task gives attempts and backend)."""
+    task = task_or_none(row.task_path)
+    return protocol.NewJob(
+        task_path=row.task_path,
+        args=loaded(row.args),
+        kwargs=loaded(row.kwargs),
+        queue=row.queue,
+        backend=task.backend if task else "default",
+        priority=row.priority,
+        max_attempts=(getattr(task, "max_attempts", None) or conveyor_settings().MAX_ATTEMPTS),
+    )
+
+
 def database_now(cursor: protocol.Cursor) -> datetime:
+    """The database's clock, now (not its transaction's start): ticks are computed from it."""
     cursor.execute(NOW)
     return cursor.fetchall()[0][0]
-
-
-class TickCounts(NamedTuple):
-    """One pass of the service, as a worker adds it to its stats."""
-
-    cron_enqueued: int = 0
-    cron_existing: int = 0
-    cron_missed: int = 0
-    cron_raced: int = 0
-    cron_stopped: int = 0
-
-
-@dataclass
-class SchedulerService:
-    """The scheduler as one service of a worker's loop.
-
-    The shape of the other services (`name`, `interval`, `while_draining`,
-    `run_once(cursor, now) -> counts`), plus `next_due`: the loop's monotonic
-    time of the next pass, which is at once if a batch was full, at the
-    earliest next tick if that is sooner than `interval`, else one interval
-    on. The first pass syncs CONVEYOR["CRON"] into `database`. Ticks are
-    always computed at the database's time, whatever clock the loop passes.
-    """
-
-    database: str | None = None  # Sync CONVEYOR["CRON"] into it before the first pass.
-    interval: float = INTERVAL_SECONDS
-    name: str = "scheduler"
-    while_draining: bool = False  # A worker that is shutting down enqueues no ticks.
-    next_due: float = 0.0  # time.monotonic() of the next pass.
-    synced: bool = False
-
-    def due(self, monotonic_now: float) -> bool:
-        return monotonic_now >= self.next_due
-
-    def seconds_until_due(self, monotonic_now: float) -> float:
-        return max(self.next_due - monotonic_now, 0.0)
-
-    def run_once(self, cursor: protocol.Cursor, now: Any = None) -> TickCounts:
-        self.next_due = time.monotonic() + self.interval  # Also the retry after a failure.
-        if self.database is not None and not self.synced:
-            added, updated, disabled = astuple(sync(self.database))
-            logger.info(
-                "CONVEYOR['CRON'] synced into %r: %d added, %d updated, %d disabled",
-                self.database, added, updated, disabled,
-            )  # fmt: skip
-            self.synced = True
-        started = time.monotonic()
-        db_now = database_now(cursor)
-        counts = run_once(cursor, db_now)
-        delay = self.interval
-        if counts.more:
-            delay = 0.0
-        elif counts.next_tick_at is not None:
-            # The wait is measured on the database's clock, then slept on ours.
-            until = (counts.next_tick_at - db_now).total_seconds() - (time.monotonic() - started)
-            delay = min(delay, max(until, 0.0) + WAKE_MARGIN_SECONDS)
-        self.next_due = time.monotonic() + delay
-        return TickCounts(
-            counts.enqueued, counts.existing, counts.missed, counts.raced, counts.stopped
-        )
-
-    def failed(self) -> None:
-        """After an error: try again in one interval (the loop logs it)."""
-        if self.database is not None:
-            connections[self.database].close()  # The sync's connection may be broken.
-        self.next_due = time.monotonic() + self.interval

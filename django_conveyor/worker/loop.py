@@ -27,7 +27,6 @@ import time
 
 import psycopg
 
-from ..periodic.ticks import SchedulerService
 from . import outcomes
 from .attempts import RELEASE, Attempt, Outcome
 from .backoff import WORKER_RECONNECT_SECONDS, Ladder
@@ -42,6 +41,7 @@ from .services.base import Now, Service, Timetable
 from .services.heartbeat import Heartbeat
 from .services.reaper import Reaper
 from .services.registry import Registry, WorkerInfo
+from .services.scheduler import SchedulerService
 from .services.timeouts import Timeouts
 from .shutdown import StopSignals, exit_process
 

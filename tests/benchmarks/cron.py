@@ -85,7 +85,7 @@ def indexes(node: dict) -> list[str]:
 def pass_cost(schedules: int, passes: int) -> dict[str, object]:
     from django_conveyor.models import Cron
     from django_conveyor.periodic import ticks
-    from django_conveyor.periodic.expressions import Schedule
+    from django_conveyor.periodic.expressions import Timing
     from django_conveyor.worker.connections import connect
 
     conn = connect("default")
@@ -98,7 +98,7 @@ def pass_cost(schedules: int, passes: int) -> dict[str, object]:
                 name=f"bench-{n}",
                 schedule=expression,
                 task_path="tests.testapp.tasks.noop",
-                next_tick_at=Schedule(expression).next_after(now + timedelta(hours=1)),
+                next_tick_at=Timing(expression).next_after(now + timedelta(hours=1)),
             )
         )
     Cron.objects.bulk_create(rows, batch_size=2000)
@@ -135,7 +135,7 @@ def pass_cost(schedules: int, passes: int) -> dict[str, object]:
 def lateness(seconds: float) -> dict[str, object]:
     from django_conveyor.models import Cron, Job
     from django_conveyor.periodic import ticks
-    from django_conveyor.periodic.expressions import Schedule
+    from django_conveyor.periodic.expressions import Timing
     from django_conveyor.worker.connections import connect
 
     Cron.objects.all().delete()
@@ -147,7 +147,7 @@ def lateness(seconds: float) -> dict[str, object]:
         name="every-second",
         schedule="* * * * * *",
         task_path="tests.testapp.tasks.noop",
-        next_tick_at=Schedule("* * * * * *").next_after(start),
+        next_tick_at=Timing("* * * * * *").next_after(start),
     )
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     log = open(REPO / "var" / "cron-bench-worker.log", "wb")  # noqa: SIM115
