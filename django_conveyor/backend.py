@@ -122,10 +122,15 @@ class ConveyorBackend(BaseTaskBackend):
         if key is not None and (problem := text_problem(key)):
             raise InvalidTask(f"idempotency_key {key!r:.80} {problem}.")
 
-    def _new_job(
+    def new_job(
         self, task: Any, args: Sequence[Any], kwargs: dict[str, Any], after: Sequence[int] = ()
     ) -> protocol.NewJob:
-        """The row for one call; `after` adds job ids (in the same database) to wait for."""
+        """The row one call writes, its arguments checked; `after` adds job ids to wait for.
+
+        The shared enqueue path is `new_job()` then `enqueue_jobs()`: `enqueue()`
+        takes it, and so does a workflow (workflows.py), which adds its edges
+        between the two. Call `validate_task()` first.
+        """
         return protocol.NewJob(
             task_path=task.module_path,
             args=json_round_trip(list(args), f"{task.name}() args"),
@@ -157,7 +162,7 @@ class ConveyorBackend(BaseTaskBackend):
 
     def enqueue(self, task: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> ConveyorTaskResult:
         self.validate_task(task)
-        return self._insert([task], [self._new_job(task, args, kwargs)])[0]
+        return self.enqueue_jobs([task], [self.new_job(task, args, kwargs)])[0]
 
     def enqueue_many(
         self, task: Any, calls: Iterable[tuple[Sequence[Any], dict[str, Any]]]
@@ -169,13 +174,18 @@ class ConveyorBackend(BaseTaskBackend):
                 "enqueue_many() cannot share one idempotency_key across calls; "
                 "enqueue keyed jobs one at a time."
             )
-        jobs = [self._new_job(task, args, kwargs) for args, kwargs in calls]
-        return self._insert([task] * len(jobs), jobs) if jobs else []
+        jobs = [self.new_job(task, args, kwargs) for args, kwargs in calls]
+        return self.enqueue_jobs([task] * len(jobs), jobs) if jobs else []
 
-    def _insert(
+    def enqueue_jobs(
         self, tasks: Sequence[Any], jobs: list[protocol.NewJob]
     ) -> list[ConveyorTaskResult]:
-        """Insert jobs (all in the database of the first task's queue) in one ENQUEUE."""
+        """Insert jobs (all in the database of the first task's queue) in one ENQUEUE.
+
+        On the caller's connection, so they commit with its transaction; each
+        result is sent with `task_enqueued` (or `task_enqueue_replayed` when an
+        idempotency key named an existing job).
+        """
         database = conveyor_settings().database_for(tasks[0].queue_name)
         with connections[database].cursor() as cursor:
             enqueued = protocol.enqueue(cursor, jobs, notify=conveyor_settings().NOTIFY)
