@@ -17,6 +17,7 @@ from django.db import connections
 from django.utils import timezone
 
 from . import protocol
+from .bounds import MAX_INT, MAX_SECONDS, count_breach, is_count, is_number, seconds_breach
 from .compat import (
     TASK_MAX_PRIORITY,
     TASK_MIN_PRIORITY,
@@ -26,7 +27,7 @@ from .compat import (
     log_task_enqueued,
     task_enqueued,
 )
-from .conf import MAX_INT, MAX_SECONDS, conveyor_settings
+from .conf import conveyor_settings
 from .exceptions import DependencyInOtherDatabase
 from .results import ConveyorTaskResult, parse_result_id, result_from_job, result_id, task_result
 from .serialization import json_round_trip, text_problem
@@ -37,7 +38,7 @@ MAX_IDEMPOTENCY_KEY_LENGTH = 255
 
 
 def _check_run_after(run_after: Any) -> None:
-    """A datetime no later than ten years from now (conf.MAX_SECONDS), or None."""
+    """A datetime no later than ten years from now (bounds.MAX_SECONDS), or None."""
     if run_after is None:
         return
     if not isinstance(run_after, datetime):
@@ -86,21 +87,13 @@ class ConveyorBackend(BaseTaskBackend):
             raise InvalidTask(f"queue_name {task.queue_name!r:.80} {problem}.")
         super().validate_task(task)
         max_attempts = getattr(task, "max_attempts", None)
-        if max_attempts is not None and (
-            isinstance(max_attempts, bool)
-            or not isinstance(max_attempts, int)
-            or not 1 <= max_attempts <= MAX_INT
-        ):
+        if max_attempts is not None and (not is_count(max_attempts) or count_breach(max_attempts)):
             raise InvalidTask(
                 f"max_attempts must be a whole number from 1 to {MAX_INT}, not {max_attempts!r}."
             )
         for name in ("timeout", "backoff_base", "backoff_cap"):
             value = getattr(task, name, None)
-            if value is not None and (
-                isinstance(value, bool)
-                or not isinstance(value, int | float)
-                or not 0 < value <= MAX_SECONDS  # NaN and infinity fail this too.
-            ):
+            if value is not None and (not is_number(value) or seconds_breach(value)):
                 raise InvalidTask(
                     f"{name} must be a positive number of seconds, at most {MAX_SECONDS:.0f} "
                     f"(ten years), not {value!r}."

@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from django_conveyor import protocol
 from django_conveyor.backend import ConveyorBackend
-from django_conveyor.conf import MAX_SECONDS
+from django_conveyor.bounds import MAX_SECONDS
 from django_conveyor.models import Job
 from django_conveyor.serialization import REPLACED_NOTE
 from django_conveyor.worker import attempts, outcomes

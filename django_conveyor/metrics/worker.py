@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from ..management.arguments import MAX_PORT
+from ..bounds import MAX_PORT
 from ..worker.config import WorkerOptions
 from ..worker.instrument import Instrument
 from ..worker.loop import Worker

@@ -21,7 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..conf import DEFAULT_LEASE_SECONDS, MAX_SECONDS
+from ..bounds import MAX_SECONDS
+from ..conf import DEFAULT_LEASE_SECONDS
 from ..protocol import Lease
 from ..serialization import storable_text
 from .backoff import capped_delay

@@ -6,7 +6,7 @@ failed together do not retry together. The bounds are the task's
 `backoff_base` / `backoff_cap`, else `CONVEYOR["BACKOFF_BASE_SECONDS"]` /
 `CONVEYOR["BACKOFF_CAP_SECONDS"]`.
 
-No delay is ever longer than `conf.MAX_SECONDS` (ten years): a retry delay
+No delay is ever longer than `bounds.MAX_SECONDS` (ten years): a retry delay
 or a snooze past it is capped (`capped_delay`), so every `run_after` is a
 time PostgreSQL and Python can both hold.
 
@@ -21,7 +21,8 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from ..conf import MAX_SECONDS, conveyor_settings
+from ..bounds import MAX_SECONDS
+from ..conf import conveyor_settings
 
 # The control loop's connection (and its other errors) after each failure.
 WORKER_RECONNECT_SECONDS = (0.2, 0.5, 1.0, 2.0, 5.0)

@@ -14,7 +14,8 @@ import socket
 from dataclasses import dataclass
 from typing import TypeVar
 
-from ..conf import MAX_INT, MAX_SECONDS, conveyor_settings
+from ..bounds import MAX_INT, MAX_SECONDS, count_breach, is_count, is_number, seconds_breach
+from ..conf import conveyor_settings
 from ..exceptions import ConveyorConfigurationError
 from .instrument import Instrument
 from .services.heartbeat import interval_for
@@ -117,7 +118,7 @@ def _given(option: T | None, setting: T) -> T:
 
 
 def _check_count(name: str, value: object, low: int, high: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+    if not is_count(value) or count_breach(value, low, high):
         raise ConveyorConfigurationError(
             f"The worker's {name} must be a whole number from {low} to {high}, not {value!r}."
         )
@@ -127,13 +128,7 @@ def _check_seconds(name: str, value: object, *, zero: bool) -> None:
     """None (the setting applies) or a finite number of seconds PostgreSQL can add to now()."""
     if value is None:
         return
-    ok = (
-        not isinstance(value, bool)
-        and isinstance(value, int | float)
-        and (value >= 0 if zero else value > 0)
-        and value <= MAX_SECONDS  # False for NaN and infinity too.
-    )
-    if not ok:
+    if not is_number(value) or seconds_breach(value, zero=zero):
         low = "zero or more" if zero else "more than zero"
         raise ConveyorConfigurationError(
             f"The worker's {name} must be a number of seconds, {low} and at most "
