@@ -9,7 +9,7 @@ import datetime as dt
 
 import psycopg
 import pytest
-from django.db import connection, transaction
+from django.db import transaction
 from django.utils import timezone
 
 from django_conveyor import protocol
@@ -22,12 +22,6 @@ from tests.helpers import wait_until
 pytestmark = pytest.mark.django_db(transaction=True)
 
 OWNER = "worker-a"
-
-
-@pytest.fixture
-def cur():
-    with connection.cursor() as cursor:
-        yield cursor
 
 
 def row(job) -> Job:

@@ -24,10 +24,6 @@ EXACT_COUNT_LIMIT = EXACT_BELOW  # Above this a list shows the planner's estimat
 LOG_BATCH = 1000
 
 
-def conveyor_database() -> str:
-    return conveyor_settings().DATABASE
-
-
 def actor_for(request: HttpRequest) -> str:
     """How the job history names an admin user."""
     return f"admin:{request.user.get_username()}"
@@ -65,7 +61,7 @@ class ConveyorDatabaseAdmin(admin.ModelAdmin):
         css = {"all": ("conveyor/admin.css",)}
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
-        return super().get_queryset(request).using(conveyor_database())
+        return super().get_queryset(request).using(conveyor_settings().DATABASE)
 
     def has_operate_permission(self, request: HttpRequest) -> bool:
         opts = self.opts

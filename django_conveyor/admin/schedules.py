@@ -28,10 +28,6 @@ FORM_FIELDS = {"task": "task_path", None: "name"}  # Problem.field -> form field
 SCHEDULE_FIELDS = ("schedule", "timezone", "task_path", "args", "kwargs", "queue", "priority")
 
 
-def _database() -> str:
-    return conveyor_settings().DATABASE
-
-
 class CronForm(forms.ModelForm):
     queue = forms.CharField(required=False, help_text="Empty: the task's queue.")
     priority = forms.IntegerField(required=False, help_text="Empty: the task's priority.")
@@ -60,12 +56,12 @@ class CronForm(forms.ModelForm):
             self.add_error(FORM_FIELDS.get(problem.field, problem.field), problem.detail)
         if spec is not None:
             database = conveyor_settings().database_for(spec.queue)
-            if database != _database():
+            if database != conveyor_settings().DATABASE:
                 self.add_error(
                     "queue",
                     f"Queue {spec.queue!r} lives in database {database!r}; schedules of its "
                     "queues are declared in CONVEYOR['CRON'] (the admin edits those of "
-                    f"{_database()!r}).",
+                    f"{conveyor_settings().DATABASE!r}).",
                 )
             data.update(spec.row_values())
         return data
@@ -89,7 +85,7 @@ def _names(queryset: QuerySet[Cron]) -> list[str]:
 @admin.action(permissions=["change"], description="Run selected schedules now (one extra job)")
 def run_now(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet[Cron]) -> None:
     for name in _names(queryset):
-        job = schedules.run_now(name, database=_database())
+        job = schedules.run_now(name, database=conveyor_settings().DATABASE)
         modeladmin.message_user(
             request, f"Enqueued job {job.id} for schedule {name!r}.", messages.SUCCESS
         )
@@ -98,7 +94,10 @@ def run_now(modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QueryS
 def _set_enabled(
     modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet[Cron], enabled: bool
 ) -> None:
-    changed = sum(schedules.set_enabled(n, enabled, database=_database()) for n in _names(queryset))
+    changed = sum(
+        schedules.set_enabled(n, enabled, database=conveyor_settings().DATABASE)
+        for n in _names(queryset)
+    )
     verb = "Enabled" if enabled else "Disabled"
     modeladmin.message_user(request, f"{verb} {changed} schedule(s).", messages.SUCCESS)
 
@@ -125,7 +124,7 @@ class CronAdmin(admin.ModelAdmin):
     status_fields = ("owner", "next_tick", "last_tick", "last_job", "created_at", "updated_at")
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Cron]:
-        return super().get_queryset(request).using(_database())
+        return super().get_queryset(request).using(conveyor_settings().DATABASE)
 
     def get_readonly_fields(self, request: HttpRequest, obj: Cron | None = None) -> Any:
         if obj is not None and obj.declared:  # Settings own it: only enabled is editable.
@@ -136,7 +135,7 @@ class CronAdmin(admin.ModelAdmin):
         return super().has_delete_permission(request, obj) and not (obj and obj.declared)
 
     def save_model(self, request: HttpRequest, obj: Cron, form: Any, change: bool) -> None:
-        database = _database()
+        database = conveyor_settings().DATABASE
         enabled = obj.enabled
         if obj.declared:
             # Only `enabled` can change: through the same path as the actions.
@@ -152,7 +151,7 @@ class CronAdmin(admin.ModelAdmin):
         obj.save(using=database)
 
     def delete_model(self, request: HttpRequest, obj: Cron) -> None:
-        obj.delete(using=_database())
+        obj.delete(using=conveyor_settings().DATABASE)
 
     @admin.display(description="owner")
     def owner(self, obj: Cron) -> str:
@@ -172,7 +171,12 @@ class CronAdmin(admin.ModelAdmin):
     def last_job(self, obj: Cron) -> str:
         if obj.last_job_id is None:
             return "-"
-        job = Job.objects.using(_database()).filter(pk=obj.last_job_id).only("state").first()
+        job = (
+            Job.objects.using(conveyor_settings().DATABASE)
+            .filter(pk=obj.last_job_id)
+            .only("state")
+            .first()
+        )
         if job is None:
             return f"job {obj.last_job_id} (pruned)"
         try:

@@ -41,10 +41,6 @@ _NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]*$")
 _NO_HASH = "0" * 64
 
 
-def _database() -> str:
-    return conveyor_settings().DATABASE
-
-
 def hash_key(raw: str) -> str:
     return hashlib.sha256(raw.encode()).hexdigest()
 
@@ -95,8 +91,8 @@ def create(name: str, scopes: Sequence[str], *, raw_key: str | None = None) -> t
         created_at=timezone.now(),
     )
     try:
-        with transaction.atomic(using=_database()):
-            key.save(using=_database())
+        with transaction.atomic(using=conveyor_settings().DATABASE):
+            key.save(using=conveyor_settings().DATABASE)
     except IntegrityError:
         raise ValueError(
             f"A live key named {name!r} exists; revoke it or choose another name."
@@ -109,7 +105,9 @@ def authenticate(raw: str) -> ApiKey | None:
     match = _KEY_PATTERN.match(raw)
     prefix = match.group(1) if match else ""
     key = (
-        ApiKey.objects.using(_database()).filter(prefix=prefix, revoked_at__isnull=True).first()
+        ApiKey.objects.using(conveyor_settings().DATABASE)
+        .filter(prefix=prefix, revoked_at__isnull=True)
+        .first()
         if match
         else None
     )
@@ -124,13 +122,15 @@ def _touch(key: ApiKey) -> None:
     now = timezone.now()
     resolution = timedelta(seconds=LAST_USED_RESOLUTION_SECONDS)
     if key.last_used_at is None or now - key.last_used_at >= resolution:
-        ApiKey.objects.using(_database()).filter(pk=key.pk).update(last_used_at=now)
+        ApiKey.objects.using(conveyor_settings().DATABASE).filter(pk=key.pk).update(
+            last_used_at=now
+        )
         key.last_used_at = now
 
 
 def revoke(name_or_prefix: str) -> list[ApiKey]:
     """Revoke the live keys with this name or prefix; returns those revoked."""
-    database = _database()
+    database = conveyor_settings().DATABASE
     with transaction.atomic(using=database):
         live = ApiKey.objects.using(database).select_for_update().filter(revoked_at__isnull=True)
         keys = list(live.filter(name=name_or_prefix)) or list(live.filter(prefix=name_or_prefix))
@@ -142,4 +142,4 @@ def revoke(name_or_prefix: str) -> list[ApiKey]:
 
 
 def listed() -> list[ApiKey]:
-    return list(ApiKey.objects.using(_database()).order_by("name", "id"))
+    return list(ApiKey.objects.using(conveyor_settings().DATABASE).order_by("name", "id"))
