@@ -127,6 +127,22 @@ def _json(value: Any) -> str:
     return json.dumps(value, separators=(",", ":"))
 
 
+def _error_entry(entry: str, *, ran: bool = True) -> str:
+    """SQL for a one-entry array to append to a job's `errors`: the one builder of an entry.
+
+    `entry` is a jsonb expression with what this end says (the exception's
+    class path, its traceback, maybe more); every entry adds the attempt and
+    its token, and the time. `ran`: the attempt ran under a lease, so the
+    entry names its worker and when it started; a job that ends without
+    running (a cancel, a failed dependency) names no worker.
+    """
+    worker, started = ("j.lease_owner", "'started_at', j.started_at, ") if ran else ("NULL", "")
+    return (
+        f"jsonb_build_array({entry} || jsonb_build_object('attempt', j.attempt, "
+        f"'worker', {worker}, 'token', j.lease_version, {started}'time', now()))"
+    )
+
+
 def _history(action: str, detail: str) -> str:
     """SQL for a one-entry history array; `detail` is an SQL text expression."""
     return (
@@ -614,9 +630,7 @@ def record_result(cursor: Cursor, *, owner: str, done: Iterable[tuple[int, int, 
     return _guarded(cursor, RECORD_RESULT, owner, held)
 
 
-_ERROR_ENTRY = """jsonb_build_array(h.error || jsonb_build_object(
-        'attempt', j.attempt, 'worker', j.lease_owner, 'token', j.lease_version,
-        'started_at', j.started_at, 'time', now()))"""
+_ERROR_ENTRY = _error_entry("h.error")  # The worker's entry for the attempt (error_entry()).
 
 
 RETRY = f"""
@@ -730,16 +744,15 @@ def release(cursor: Cursor, *, owner: str, held: Iterable[tuple[int, int]]) -> s
     return _guarded(cursor, RELEASE, owner, rows)
 
 
+_CANCELLED_HELD_ENTRY = _error_entry("""jsonb_build_object(
+        'exception_class_path', 'django_conveyor.exceptions.Cancelled',
+        'traceback', 'Cancelled while running, at the request of '
+            || j.cancel_requested_by || '.')""")
+
 CANCEL_HELD = f"""
 UPDATE conveyor_job AS j
 SET state = 'cancelled', finished_at = now(),
-    errors = j.errors || jsonb_build_array(jsonb_build_object(
-        'attempt', j.attempt, 'worker', j.lease_owner, 'token', j.lease_version,
-        'started_at', j.started_at,
-        'exception_class_path', 'django_conveyor.exceptions.Cancelled',
-        'traceback', 'Cancelled while running, at the request of '
-            || j.cancel_requested_by || '.',
-        'time', now())),
+    errors = j.errors || {_CANCELLED_HELD_ENTRY},
     history = j.history || {
     _history("cancel_held", "'stopped while running, as ' || j.cancel_requested_by || ' asked'")
 },
@@ -821,7 +834,17 @@ class Reaped:
     version: int
 
 
-REAP = """
+_REAPED_ENTRY = _error_entry("""jsonb_build_object(
+        'exception_class_path', CASE WHEN j.cancel_requested_at IS NOT NULL
+            THEN 'django_conveyor.exceptions.Cancelled'
+            ELSE 'django_conveyor.exceptions.LeaseLost' END,
+        'traceback', 'The lease expired at ' || j.lease_expires_at || CASE
+            WHEN j.cancel_requested_at IS NOT NULL
+            THEN ' after a cancel request by ' || j.cancel_requested_by
+                || '; the reaper cancelled the job.'
+            ELSE ' without a heartbeat; the job was taken back by the reaper.' END)""")
+
+REAP = f"""
 WITH expired AS (
     SELECT id, lease_owner FROM conveyor_job
     WHERE state = 'running' AND lease_expires_at < now()
@@ -839,18 +862,7 @@ SET state = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
     lease_expires_at = NULL,
     -- It may have killed its worker: back to available, it runs alone.
     isolated = (j.cancel_requested_at IS NULL AND j.attempt < j.max_attempts),
-    errors = j.errors || jsonb_build_array(jsonb_build_object(
-        'attempt', j.attempt, 'worker', j.lease_owner, 'token', j.lease_version,
-        'started_at', j.started_at,
-        'exception_class_path', CASE WHEN j.cancel_requested_at IS NOT NULL
-            THEN 'django_conveyor.exceptions.Cancelled'
-            ELSE 'django_conveyor.exceptions.LeaseLost' END,
-        'traceback', 'The lease expired at ' || j.lease_expires_at || CASE
-            WHEN j.cancel_requested_at IS NOT NULL
-            THEN ' after a cancel request by ' || j.cancel_requested_by
-                || '; the reaper cancelled the job.'
-            ELSE ' without a heartbeat; the job was taken back by the reaper.' END,
-        'time', now()))
+    errors = j.errors || {_REAPED_ENTRY}
 FROM expired
 WHERE j.id = expired.id
 RETURNING j.id, j.state, j.task_path, j.queue, j.attempt, expired.lease_owner, j.lease_version
@@ -940,16 +952,19 @@ def requeue(
     return [id_ for id_, _ in rows]
 
 
+_CANCELLED_ENTRY = _error_entry(
+    """jsonb_build_object('exception_class_path', 'django_conveyor.exceptions.Cancelled',
+        'traceback', 'Cancelled before it ran, by ' || %(actor)s::text || '.')""",
+    ran=False,
+)
+
 CANCEL = f"""
-UPDATE conveyor_job
+UPDATE conveyor_job AS j
 SET state = 'cancelled', finished_at = now(),
-    errors = errors || jsonb_build_array(jsonb_build_object(
-        'attempt', attempt, 'worker', NULL, 'token', lease_version,
-        'exception_class_path', 'django_conveyor.exceptions.Cancelled',
-        'traceback', 'Cancelled before it ran, by ' || %(actor)s::text || '.', 'time', now())),
-    history = history || {_history("cancel", "'was ' || state")}
-WHERE id = ANY(%(ids)s) AND state IN ('blocked', 'available')
-RETURNING id
+    errors = j.errors || {_CANCELLED_ENTRY},
+    history = j.history || {_history("cancel", "'was ' || j.state")}
+WHERE j.id = ANY(%(ids)s) AND j.state IN ('blocked', 'available')
+RETURNING j.id
 """
 
 
@@ -1042,6 +1057,14 @@ def unblock(cursor: Cursor, *, ids: Iterable[int], notify: bool = True) -> list[
 DEPENDENCY_FAILED = "django_conveyor.exceptions.DependencyFailed"
 
 
+_DEPENDENCY_FAILED_ENTRY = _error_entry(
+    f"""jsonb_build_object('exception_class_path', '{DEPENDENCY_FAILED}',
+            'traceback', 'Dependency ' || e.id || ' (' || e.task_path || ') ended '
+                || e.state || '; this job was cancelled without running.',
+            'dependency', e.id)""",
+    ran=False,
+)
+
 CANCEL_DEPENDENTS = f"""{_DEPENDENTS_OF}
 UPDATE conveyor_job AS j
 SET state = CASE WHEN j.dependency_policy = 'cancel' THEN 'cancelled'
@@ -1053,12 +1076,7 @@ SET state = CASE WHEN j.dependency_policy = 'cancel' THEN 'cancelled'
     run_after = CASE WHEN j.dependency_policy = 'run' AND j.pending_dependencies - locked.n <= 0
                      THEN greatest(j.run_after, now()) ELSE j.run_after END,
     errors = CASE WHEN j.dependency_policy = 'run' THEN j.errors
-        ELSE j.errors || jsonb_build_array(jsonb_build_object(
-            'attempt', j.attempt, 'worker', NULL, 'token', j.lease_version,
-            'exception_class_path', '{DEPENDENCY_FAILED}',
-            'traceback', 'Dependency ' || e.id || ' (' || e.task_path || ') ended '
-                || e.state || '; this job was cancelled without running.',
-            'dependency', e.id, 'time', now())) END
+        ELSE j.errors || {_DEPENDENCY_FAILED_ENTRY} END
 FROM locked JOIN conveyor_job AS e ON e.id = locked.first
 WHERE j.id = locked.id
 RETURNING j.id, j.state, {_NOTIFY_AVAILABLE}
