@@ -161,14 +161,36 @@ class TestReaper:
             used_up.id: "dead",
         }
 
-    def test_one_pass_takes_at_most_its_batch(self, conn):
+    def test_one_pass_drains_batch_after_batch_until_one_comes_back_short(self, conn, monkeypatch):
         JobFactory.create_batch(5, expired=True)
+        taken = []  # Rows each REAP statement took back.
+        reap = protocol.reap
+        monkeypatch.setattr(
+            protocol, "reap", lambda *a, **kw: taken.append(reap(*a, **kw)) or taken[-1]
+        )
         reaper = Reaper(batch=2)
         with conn.cursor() as cur:
-            assert reaper.run_once(cur, T0) == ReapCounts(reaped=2)
-            assert reaper.run_once(cur, T0) == ReapCounts(reaped=2)
-            assert reaper.run_once(cur, T0) == ReapCounts(reaped=1)
+            assert reaper.run_once(cur, T0) == ReapCounts(reaped=5)
+            assert [len(rows) for rows in taken] == [2, 2, 1]  # One pass, three statements.
             assert reaper.run_once(cur, T0) == ReapCounts()
+        assert set(Job.objects.values_list("state", flat=True)) == {"available"}
+
+    def test_a_full_batch_ends_the_pass_after_max_batches(self, conn):
+        JobFactory.create_batch(5, expired=True)
+        reaper = Reaper(batch=2, max_batches=2)
+        with conn.cursor() as cur:
+            assert reaper.run_once(cur, T0) == ReapCounts(reaped=4)
+            assert Job.objects.filter(state="running").count() == 1  # The next pass's.
+            assert reaper.run_once(cur, T0) == ReapCounts(reaped=1)
+
+    def test_counts_the_jobs_it_cancels(self, conn):
+        asked = JobFactory(
+            expired=True, cancel_requested_at=timezone.now(), cancel_requested_by="ops"
+        )
+        JobFactory(expired=True)
+        with conn.cursor() as cur:
+            assert Reaper().run_once(cur, T0) == ReapCounts(reaped=2, reaped_cancelled=1)
+        assert Job.objects.get(pk=asked.pk).state == "cancelled"
 
     def test_logs_each_job_it_takes_back(self, conn, caplog):
         job = JobFactory(expired=True)
