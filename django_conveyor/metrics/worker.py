@@ -35,7 +35,7 @@ from . import process
 if TYPE_CHECKING:
     from ..protocol import Lease
 
-logger = logging.getLogger("django_conveyor.worker")
+logger = logging.getLogger(__name__)
 
 STALE_REFUSED = "stale-refused"
 # Run times and pickup delays reach from milliseconds to hours:

@@ -37,7 +37,7 @@ from ..serialization import loaded
 from ..tasks import task_or_none
 from . import expressions
 
-logger = logging.getLogger("django_conveyor.scheduler")
+logger = logging.getLogger(__name__)
 
 BATCH_SIZE = 500  # Due schedules per pass; more due means another pass at once.
 GRACE_SECONDS = 60.0  # A tick older than this when its pass runs was missed.

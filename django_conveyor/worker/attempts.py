@@ -40,7 +40,7 @@ DONE_IN_ATOMIC = "done_in_atomic"  # context.atomic() already wrote the completi
 LOST = "lost"  # The handler met LeaseLost: nothing to write.
 CANCEL_HELD = "cancel_held"  # An operator asked to cancel the running job: honour it.
 
-logger = logging.getLogger("django_conveyor.worker")
+logger = logging.getLogger(__name__)
 
 
 @dataclass(slots=True, eq=False)

@@ -28,7 +28,7 @@ from psycopg.types.json import set_json_loads
 from ..protocol import NOTIFY_CHANNEL
 from .backoff import LISTENER_RECONNECT_SECONDS, Ladder
 
-logger = logging.getLogger("django_conveyor.listener")
+logger = logging.getLogger(__name__)
 
 
 def connection_params(alias: str) -> dict[str, Any]:

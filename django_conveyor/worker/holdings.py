@@ -27,7 +27,7 @@ from .instrument import log_job
 if TYPE_CHECKING:
     from .instrument import Counters, Instrument
 
-logger = logging.getLogger("django_conveyor.worker")
+logger = logging.getLogger(__name__)
 
 
 class Holdings:

@@ -45,7 +45,7 @@ from .services.scheduler import SchedulerService
 from .services.timeouts import Timeouts
 from .shutdown import StopSignals, exit_process
 
-logger = logging.getLogger("django_conveyor.worker")
+logger = logging.getLogger(__name__)
 
 EXIT_OK = 0
 DRAIN_PASS_SECONDS = 0.05  # How often the drain looks for finished handlers.

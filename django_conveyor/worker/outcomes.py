@@ -49,7 +49,7 @@ from .attempts import (
 )
 from .instrument import log_job
 
-logger = logging.getLogger("django_conveyor.worker")
+logger = logging.getLogger(__name__)
 
 # A writer: one fenced statement for a batch of one kind -> {job id: what it became}.
 Writer = Callable[[Cursor, str, list[Outcome]], dict[int, str]]

@@ -43,7 +43,7 @@ from collections.abc import Callable
 from types import FrameType
 from typing import NoReturn
 
-logger = logging.getLogger("django_conveyor.worker")
+logger = logging.getLogger(__name__)
 
 REPEAT_GRACE_SECONDS = 2.0  # A repeated stop signal this soon is the same stop.
 HARD_STOP_SIGNAL = signal.SIGQUIT  # Always a hard stop, whoever sends it.

@@ -31,7 +31,7 @@ from django.db import connections
 from .backoff import RESTART_SECONDS, Ladder
 from .shutdown import HARD_STOP_SIGNAL, is_hard_stop
 
-logger = logging.getLogger("django_conveyor.supervisor")
+logger = logging.getLogger(__name__)
 
 HEALTHY_AFTER_SECONDS = 30.0
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)

@@ -29,7 +29,7 @@ from ..attempts import Attempt, Outcome, error_entry
 from ..backoff import retry_delay
 from ..instrument import log_job
 
-logger = logging.getLogger("django_conveyor.executor")
+logger = logging.getLogger(__name__)
 
 
 def running_result(task: Task, attempt: Attempt) -> ConveyorTaskResult:

@@ -31,7 +31,7 @@ from .. import attempts
 from ..attempts import Outcome
 from . import executor
 
-logger = logging.getLogger("django_conveyor.worker")
+logger = logging.getLogger(__name__)
 
 FINISHED_STATUS = {
     attempts.COMPLETE: TaskResultStatus.SUCCESSFUL,

@@ -33,7 +33,7 @@ import psycopg
 from ...protocol import Cursor
 from ..instrument import Counters
 
-logger = logging.getLogger("django_conveyor.worker")
+logger = logging.getLogger(__name__)
 
 
 class Now(NamedTuple):

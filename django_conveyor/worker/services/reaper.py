@@ -27,7 +27,7 @@ from ...states import JobState
 from ..instrument import log_job
 from .base import Now
 
-logger = logging.getLogger("django_conveyor.worker")
+logger = logging.getLogger(__name__)
 
 DEFAULT_INTERVAL_SECONDS = DEFAULT_REAP_SECONDS  # CONVEYOR["REAP_SECONDS"]
 BATCH = 500  # Leases one REAP statement takes back, at most: a short statement.

@@ -19,7 +19,7 @@ from ...periodic.schedules import sync
 from ...periodic.ticks import database_now, run_once
 from ...protocol import Cursor
 
-logger = logging.getLogger("django_conveyor.scheduler")
+logger = logging.getLogger(__name__)
 
 INTERVAL_SECONDS = 1.0  # Longest sleep between passes: schedules added elsewhere show up.
 WAKE_MARGIN_SECONDS = 0.001  # Wake just after the tick, not just before it.

@@ -30,7 +30,7 @@ from ..holdings import Holdings
 from ..instrument import log_job
 from .base import Now
 
-logger = logging.getLogger("django_conveyor.worker")
+logger = logging.getLogger(__name__)
 
 DEFAULT_INTERVAL_SECONDS = 0.0  # Every pass: the check is a walk over the held attempts.
 
