@@ -87,7 +87,7 @@ PAUSED = "SELECT name, paused FROM conveyor_queue"
 
 
 @dataclass(slots=True)
-class QueueStats:
+class QueueCounts:
     name: str
     paused: bool = False
     jobs: dict[str, int] = field(default_factory=lambda: {s.value: 0 for s in JobState})
@@ -128,10 +128,10 @@ def _finished_count(cursor, state: str, queue: str) -> tuple[int, bool]:
 
 
 def _snapshot_of(
-    database: str, queues: dict[str, QueueStats], finished: Iterable[JobState]
+    database: str, queues: dict[str, QueueCounts], finished: Iterable[JobState]
 ) -> None:
-    def queue(name: str) -> QueueStats:
-        return queues.setdefault(name, QueueStats(name))
+    def queue(name: str) -> QueueCounts:
+        return queues.setdefault(name, QueueCounts(name))
 
     with connections[database].cursor() as cursor:
         cursor.execute(PAUSED)
@@ -159,13 +159,13 @@ def _snapshot_of(
 
 def snapshot(
     known: Iterable[str] = (), *, finished: Iterable[JobState] = FINISHED_STATES
-) -> dict[str, QueueStats]:
+) -> dict[str, QueueCounts]:
     """Figures for every queue that has jobs or a row in conveyor_queue, plus `known`.
 
     Only the `finished` states are counted (the others stay 0): a page that
     shows dead letters alone asks for `DEAD_LETTER_STATES`.
     """
-    queues = {name: QueueStats(name) for name in known}
+    queues = {name: QueueCounts(name) for name in known}
     finished = tuple(finished)
     for database in conveyor_settings().databases():
         _snapshot_of(database, queues, finished)

@@ -39,7 +39,7 @@ WHERE stopped_at IS NULL
 
 
 @dataclass(slots=True)
-class QueueStats:
+class QueueRow:
     name: str
     paused: bool = False
     ready: int = 0
@@ -53,7 +53,7 @@ class QueueStats:
     per_minute: list[int] = field(default_factory=lambda: [0] * CHART_MINUTES)  # Oldest first.
 
     @classmethod
-    def of(cls, counts: queue_counts.QueueStats) -> QueueStats:
+    def of(cls, counts: queue_counts.QueueCounts) -> QueueRow:
         jobs = counts.jobs
         return cls(
             name=counts.name,
@@ -92,22 +92,22 @@ class QueueStats:
         return f"≈{count}" if state in self.estimated else str(count)
 
 
-def queue_stats(known: Iterable[str] = ()) -> dict[str, QueueStats]:
+def queue_rows(known: Iterable[str] = ()) -> dict[str, QueueRow]:
     """Every queue's live and dead-letter counts, from every conveyor database."""
     counts = queue_counts.snapshot(known, finished=queue_counts.DEAD_LETTER_STATES)
-    return {name: QueueStats.of(c) for name, c in counts.items()}
+    return {name: QueueRow.of(c) for name, c in counts.items()}
 
 
 @dataclass(slots=True)
 class Overview:
-    queues: list[QueueStats]
+    queues: list[QueueRow]
     workers_live: int
     workers_lost: int
     database_time: datetime | None
 
     @property
-    def total(self) -> QueueStats:
-        total = QueueStats(name="all queues")
+    def total(self) -> QueueRow:
+        total = QueueRow(name="all queues")
         for q in self.queues:
             for name in ("ready", "scheduled", "blocked", "running", "failed", "dead"):
                 setattr(total, name, getattr(total, name) + getattr(q, name))
@@ -136,14 +136,14 @@ def lost_after_seconds() -> float:
 
 def overview(known_queues: set[str]) -> Overview:
     """Per-queue numbers from every conveyor database, plus the worker counts."""
-    by_name = queue_stats(known_queues)
+    by_name = queue_rows(known_queues)
     live = lost = 0
     database_time = None
     for database in conveyor_settings().databases():
         with connections[database].cursor() as cursor:
             cursor.execute(COMPLETED_PER_MINUTE, {"minutes": CHART_MINUTES})
             for name, minutes_ago, count in cursor.fetchall():
-                queue = by_name.setdefault(name, QueueStats(name=name))
+                queue = by_name.setdefault(name, QueueRow(name=name))
                 index = CHART_MINUTES - 1 - min(max(minutes_ago, 0), CHART_MINUTES - 1)
                 queue.per_minute[index] += count
             cursor.execute(WORKER_COUNTS, {"lost_after": lost_after_seconds()})

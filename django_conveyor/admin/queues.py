@@ -27,9 +27,9 @@ class QueueChangeList(ChangeList):
 
     def get_results(self, request: HttpRequest) -> None:
         super().get_results(request)
-        counts = overview.queue_stats(queue.name for queue in self.result_list)
+        counts = overview.queue_rows(queue.name for queue in self.result_list)
         for queue in self.result_list:
-            queue.counts = counts.get(queue.name) or overview.QueueStats(name=queue.name)
+            queue.counts = counts.get(queue.name) or overview.QueueRow(name=queue.name)
 
 
 @admin.action(permissions=["operate"], description="Pause selected queues")

@@ -338,7 +338,7 @@ def cancel_job(request: HttpRequest, job_id: str) -> Status:
     return Status(status, job_out(job, database))
 
 
-def queue_out(entry: queue_counts.QueueStats) -> dict[str, Any]:
+def queue_out(entry: queue_counts.QueueCounts) -> dict[str, Any]:
     return {
         "name": entry.name,
         "paused": entry.paused,
