@@ -1,4 +1,4 @@
-"""backoff.py: the job retry delay and the ladders of reconnect and restart delays."""
+"""worker/backoff.py: the job retry delay and the ladders of reconnect and restart delays."""
 
 import random
 

@@ -1,4 +1,4 @@
-"""What the dashboard and the queues page show: `django_conveyor.stats` plus the console's own.
+"""What the dashboard and the queues page show: `queue_counts` plus the console's own.
 
 Per-queue counts come from `queue_counts.snapshot()`, the one source the metrics
 and the API read too: live states exact, failed and dead exact up to

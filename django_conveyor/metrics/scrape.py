@@ -4,7 +4,7 @@ Mount with ``path("conveyor/metrics", include("django_conveyor.metrics.urls"))``
 The same response carries this site's enqueue counters (`process.py`).
 A scrape needs an API key with the `metrics` scope (`Authorization: Bearer`)
 or a client address in `CONVEYOR["METRICS_ALLOWED_ADDRESSES"]`. The figures
-and how each is found cheaply are in `django_conveyor.stats`.
+and how each is found cheaply are in `django_conveyor.queue_counts`.
 """
 
 from __future__ import annotations
