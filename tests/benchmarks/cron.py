@@ -27,13 +27,16 @@ import json
 import os
 import signal
 import statistics
-import subprocess
 import sys
 import time
 from datetime import timedelta
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import scratch  # noqa: E402  (beside this script)
+
 DB_NAME = "conveyor_cron_bench"
 
 
@@ -149,16 +152,8 @@ def lateness(seconds: float) -> dict[str, object]:
         task_path="tests.testapp.tasks.noop",
         next_tick_at=Timing("* * * * * *").next_after(start),
     )
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
     log = open(REPO / "var" / "cron-bench-worker.log", "wb")  # noqa: SIM115
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "django", "conveyor_worker", "--queues", "default", "-v", "1"],
-        cwd=REPO,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    proc = scratch.start_worker(log)
     try:
         time.sleep(5 + seconds)
     finally:

@@ -28,7 +28,6 @@ import argparse
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from datetime import UTC, datetime, timedelta
@@ -107,19 +106,11 @@ def main() -> int:
     }
     if args.reap_seconds is not None:
         timing["REAP_SECONDS"] = args.reap_seconds
-    env = {**os.environ, "PYTHONPATH": str(REPO), "CONVEYOR_TEST_CONVEYOR_JSON": json.dumps(timing)}
     log_path = REPO / "var" / "reaper-bench-worker.log"
     log_path.parent.mkdir(exist_ok=True)
     with open(log_path, "ab") as log:
         started = time.perf_counter()
-        worker = subprocess.Popen(
-            [sys.executable, "-m", "django", "conveyor_worker", "--queues", "default", "-v", "1"],
-            cwd=REPO,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        worker = scratch.start_worker(log, CONVEYOR_TEST_CONVEYOR_JSON=json.dumps(timing))
         try:
             left = args.jobs
             while left and time.perf_counter() - started < args.timeout:
