@@ -198,7 +198,9 @@ class Worker:
     def on_outcome(self, outcome: Outcome) -> None:
         """Called from a slot thread: queue the outcome and wake the control loop."""
         self.holdings.report(outcome)
-        self.wake.set()
+        # Set already: the loop has not cleared it since, so it collects this outcome too.
+        if not self.wake.is_set():
+            self.wake.set()
 
     # -- the control loop ----------------------------------------------------
 
@@ -284,8 +286,7 @@ class Worker:
                 claimed = self.claimer.claim(cur, steps, now)
         for outcome in leases.settle(written):
             self.reporter.submit(outcome)
-        for attempt in leases.take(claimed):
-            self.slots.submit(attempt)
+        self.slots.submit(leases.take(claimed))
         return len(claimed)
 
     def idle(self) -> bool:

@@ -473,7 +473,7 @@ def _url_params(url: str) -> dict[str, Any]:
 def conninfo(dbname: str) -> str:
     from psycopg.conninfo import make_conninfo
 
-    from django_conveyor.dbconn import connection_params
+    from django_conveyor.worker.connections import connection_params
 
     params = connection_params("default")
     params["dbname"] = dbname
