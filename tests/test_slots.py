@@ -8,6 +8,7 @@ opens the gate, so the test can look at the pool while a slot holds a batch.
 import threading
 
 import pytest
+
 from django_conveyor import protocol
 from django_conveyor.worker.attempts import COMPLETE, Attempt, Outcome
 from django_conveyor.worker.connections import connect
