@@ -588,7 +588,8 @@ inline settle(j, st) {
     (jstate[x] == CANCELLED && (RUN_ANYWAY(x) || (n) == (c))))
 #define HAS_DEPS(j) (DEP(j, 0) || DEP(j, 1) || DEP(j, 2) || DEP(j, 3))
 inline requeue(j) {
-  jstate[j] = (HAS_DEPS(j) || GATE(j) -> BLOCKED : AVAILABLE); cause[j] = NOJOB; outcomes[j] = 0;
+  jstate[j] = (HAS_DEPS(j) -> BLOCKED : AVAILABLE); cause[j] = NOJOB;
+  if :: GATE(j) -> jstate[j] = BLOCKED; outcomes[j] = 0 :: else -> skip fi;  /* a gate waits again */
   attempt[j] = 0; isolated[j] = false; cancel_req[j] = false;
   nf = (1 << j); rq = nf;
   do

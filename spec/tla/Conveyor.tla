@@ -713,8 +713,8 @@ REQUEUE(j) ==
     /\ jstate[j] \in Doomed
     /\ ~(j \notin RunAnyway /\ \E d \in Deps[j] : jstate[d] \in Doomed)
     /\ Spend("requeue")
-    /\ LET js0 == [jstate EXCEPT ![j] = IF Deps[j] # {} \/ j \in Gates THEN "blocked"
-                                        ELSE "available"]
+    /\ LET js00 == [jstate EXCEPT ![j] = IF Deps[j] # {} THEN "blocked" ELSE "available"]
+           js0 == IF j \in Gates THEN [js00 EXCEPT ![j] = "blocked"] ELSE js00  \* a gate
            st  == REBLOCK_DEPENDENTS(j, [js |-> js0, pd |-> pending,
                                          cs |-> [cause EXCEPT ![j] = NoJob]])
            \* jobs an operator cancelled (no DependencyFailed last) brought back
