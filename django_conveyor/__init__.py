@@ -11,7 +11,7 @@ from typing import Any
 
 from .exceptions import ConveyorError, Discard, LeaseLost, Snooze
 
-__all__ = ["ConveyorError", "Discard", "LeaseLost", "Snooze", "task"]
+__all__ = ["ConveyorError", "Discard", "LeaseLost", "Snooze", "reject_signal", "send_signal", "task"]
 
 
 def __getattr__(name: str) -> Any:
@@ -20,4 +20,8 @@ def __getattr__(name: str) -> Any:
         from .tasks import task
 
         return task
+    if name in ("send_signal", "reject_signal"):
+        from . import gates
+
+        return getattr(gates, name)
     raise AttributeError(name)

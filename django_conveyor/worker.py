@@ -42,6 +42,7 @@ from .instrument import Instrument, Stats
 from .leases import Leases
 from .listener import Listener
 from .outcomes import Outcome
+from .gate_service import GatesService
 from .reaper import Reaper
 from .registry import Registry, WorkerInfo
 from .reporting import Reporter
@@ -108,6 +109,7 @@ class WorkerConfig:
     lease_seconds: float
     heartbeat_seconds: float
     reap_seconds: float
+    gates_seconds: float
     shutdown_timeout: float
     poll_seconds: float
     prefetch: int | None  # None adapts to job length.
@@ -137,6 +139,7 @@ class WorkerConfig:
             lease_seconds=lease_seconds,
             heartbeat_seconds=interval_for(lease_seconds, settings.HEARTBEAT_SECONDS),
             reap_seconds=settings.REAP_SECONDS,
+            gates_seconds=settings.GATES_SECONDS,
             shutdown_timeout=_given(options.shutdown_timeout, settings.SHUTDOWN_TIMEOUT_SECONDS),
             poll_seconds=_given(options.poll_seconds, settings.POLL_SECONDS),
             prefetch=_given(options.prefetch, settings.PREFETCH),
@@ -222,6 +225,7 @@ class Worker:
         services: list[Service] = [
             self.heartbeat,
             Reaper(interval=self.config.reap_seconds),
+            GatesService(database=self.config.database, interval=self.config.gates_seconds),
             Timeouts(self.leases, abandon=self.slots.abandon),
             self.registry,
         ]
