@@ -100,3 +100,31 @@ def test_not_found_not_a_gate_and_scope(call):
     assert call(f"{JOBS}/{gate}/signal", {"name": "approval"}, scope="read")[0] == 403
     assert call(f"{JOBS}/{gate}/signal", None, raw=b"{not json")[0] == 400
     assert Job.objects.get(pk=gate).state == "blocked"
+
+
+def test_metrics_count_waiting_gates_per_kind(client):
+    from datetime import timedelta
+
+    from django.db.models import Q
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from tests.testapp.models import Effect
+
+    chain(workflows.signal("approval"), noop.step()).enqueue()
+    chain(workflows.signal("approval")).enqueue()
+    chain(workflows.sleep(timedelta(hours=1))).enqueue()
+    chain(workflows.wait_until(Effect, Q(label="never"))).enqueue()
+    chain(noop.step(), workflows.signal("later")).enqueue()  # Not waiting yet: upstream pending.
+    raw = apikeys.create("prometheus", ["metrics"])[1]
+    response = client.get("/conveyor/metrics", HTTP_AUTHORIZATION=f"Bearer {raw}")
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(response.content.decode())
+        for s in family.samples
+        if s.name == "conveyor_gates_waiting"
+    }
+    assert samples == {
+        ("conveyor_gates_waiting", (("kind", "condition"), ("queue", "default"))): 1,
+        ("conveyor_gates_waiting", (("kind", "signal"), ("queue", "default"))): 2,
+        ("conveyor_gates_waiting", (("kind", "sleep"), ("queue", "default"))): 1,
+    }
