@@ -11,7 +11,15 @@ from typing import Any
 
 from .exceptions import ConveyorError, Discard, LeaseLost, Snooze
 
-__all__ = ["ConveyorError", "Discard", "LeaseLost", "Snooze", "reject_signal", "send_signal", "task"]
+__all__ = [
+    "ConveyorError",
+    "Discard",
+    "LeaseLost",
+    "Snooze",
+    "reject_signal",
+    "send_signal",
+    "task",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -27,7 +27,7 @@ from .exceptions import (
     WrongSignal,
 )
 from .results import ConveyorTaskResult, parse_result_id, result_from_job
-from .serialization import to_json, text_problem
+from .serialization import text_problem, to_json
 
 KINDS = ("signal", "sleep", "condition")
 MAX_SIGNAL_NAME_LENGTH = 100
@@ -127,14 +127,13 @@ def _signal(
 
     check_signal_name(name)
     database, job_id = _gate_id(gate)
-    with transaction.atomic(using=database):
-        with connections[database].cursor() as cursor:
-            state = protocol.signal(
-                cursor, gate_id=job_id, name=name, payload=payload, reject=reject,
-                reason=reason, actor=actor,
-            )  # fmt: skip
-            if state is None:
-                raise refusal(cursor, job_id, name)
+    with transaction.atomic(using=database), connections[database].cursor() as cursor:
+        state = protocol.signal(
+            cursor, gate_id=job_id, name=name, payload=payload, reject=reject,
+            reason=reason, actor=actor,
+        )  # fmt: skip
+        if state is None:
+            raise refusal(cursor, job_id, name)
     return result_from_job(Job.objects.using(database).get(pk=job_id), database=database)
 
 
@@ -145,7 +144,9 @@ def _gate_id(gate: Any) -> tuple[str, int]:
 
     value = getattr(gate, "id", gate)
     if isinstance(value, bool) or not isinstance(value, int | str):
-        raise GateNotFound(f"A gate is named by its result, result id or job id, not {value!r:.80}.")
+        raise GateNotFound(
+            f"A gate is named by its result, result id or job id, not {value!r:.80}."
+        )
     try:
         database, job_id = parse_result_id(value)
     except TaskResultDoesNotExist:

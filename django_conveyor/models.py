@@ -222,6 +222,15 @@ class DeadLetter(Job):
         verbose_name_plural = "dead letters (failed and dead jobs)"
 
 
+class WaitingGate(Job):
+    """Gates that wait (a signal, a timer, a row condition), for the admin's Waiting page."""
+
+    class Meta:
+        proxy = True
+        verbose_name = "waiting gate"
+        verbose_name_plural = "waiting (gates: approvals, signals, timers, conditions)"
+
+
 class Queue(models.Model):
     name = models.CharField(max_length=64, primary_key=True)
     paused = models.BooleanField(default=False)

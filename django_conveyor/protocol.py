@@ -337,8 +337,11 @@ UPDATE conveyor_job AS j
 SET state = CASE WHEN j.dependency_policy = 'cancel' THEN 'cancelled'
                  WHEN j.pending_dependencies - locked.n > 0 OR j.gate IS NOT NULL THEN 'blocked'
                  ELSE 'available' END,
-    gate_deadline = {_armed_deadline(
-        "j", "j.dependency_policy = 'run' AND j.pending_dependencies - locked.n <= 0", "NULL")},
+    gate_deadline = {
+    _armed_deadline(
+        "j", "j.dependency_policy = 'run' AND j.pending_dependencies - locked.n <= 0", "NULL"
+    )
+},
     pending_dependencies = CASE WHEN j.dependency_policy = 'cancel' THEN j.pending_dependencies
                                 ELSE j.pending_dependencies - locked.n END,
     finished_at = CASE WHEN j.dependency_policy = 'cancel' THEN now() END,
@@ -400,8 +403,14 @@ SET pending_dependencies = CASE WHEN j.dependency_policy = 'run' THEN locked.uns
     state = CASE WHEN (CASE WHEN j.dependency_policy = 'run' THEN locked.unsettled
                             ELSE locked.unfinished END) > 0 OR j.gate IS NOT NULL
                  THEN 'blocked' ELSE 'available' END,
-    gate_deadline = {_armed_deadline("j", """(CASE WHEN j.dependency_policy = 'run'
-        THEN locked.unsettled ELSE locked.unfinished END) = 0""", "NULL")},
+    gate_deadline = {
+    _armed_deadline(
+        "j",
+        '''(CASE WHEN j.dependency_policy = 'run'
+        THEN locked.unsettled ELSE locked.unfinished END) = 0''',
+        "NULL",
+    )
+},
     finished_at = NULL,
     run_after = greatest(j.run_after, now()),
     history = CASE WHEN j.state = 'blocked' THEN j.history ELSE j.history || jsonb_build_array(
@@ -549,8 +558,11 @@ UPDATE conveyor_job AS j
 SET state = CASE WHEN EXISTS (SELECT 1 FROM conveyor_dependency AS d WHERE d.job_id = j.id)
                       OR j.gate IS NOT NULL
                  THEN 'blocked' ELSE 'available' END,
-    gate_deadline = {_armed_deadline(
-        "j", "NOT EXISTS (SELECT 1 FROM conveyor_dependency AS d WHERE d.job_id = j.id)", "NULL")},
+    gate_deadline = {
+    _armed_deadline(
+        "j", "NOT EXISTS (SELECT 1 FROM conveyor_dependency AS d WHERE d.job_id = j.id)", "NULL"
+    )
+},
     attempt = 0, run_after = now(), finished_at = NULL,
     lease_expires_at = NULL, return_value = NULL, isolated = false,
     cancel_requested_at = NULL, cancel_requested_by = NULL,
@@ -686,14 +698,18 @@ UPDATE conveyor_job AS j
 SET state = CASE WHEN %(reject)s THEN 'failed' ELSE 'completed' END,
     return_value = CASE WHEN %(reject)s THEN NULL ELSE %(payload)s::jsonb END,
     finished_at = now(), gate_deadline = NULL,
-    errors = CASE WHEN %(reject)s THEN j.errors || {_GATE_ERROR.format(
+    errors = CASE WHEN %(reject)s THEN j.errors || {
+    _GATE_ERROR.format(
         cls="SignalRejected",
         text="'The signal ' || (j.gate ->> 'signal') || ' was rejected by ' || %(actor)s::text"
         " || COALESCE(': ' || %(reason)s::text, '.')",
-    )} ELSE j.errors END,
-    history = j.history || {_history(
+    )
+} ELSE j.errors END,
+    history = j.history || {
+    _history(
         "signal", "CASE WHEN %(reject)s THEN 'rejected ' ELSE 'sent ' END || (j.gate ->> 'signal')"
-    )}
+    )
+}
 WHERE j.id = %(id)s AND {_GATE_WAITS}
   AND j.gate ->> 'kind' = 'signal' AND j.gate ->> 'signal' = %(name)s
 RETURNING j.id, j.state
@@ -709,8 +725,9 @@ UPDATE conveyor_job AS j
 SET state = CASE WHEN h.error IS NULL THEN 'completed' ELSE 'failed' END,
     return_value = CASE WHEN h.error IS NULL THEN jsonb_build_object('matched', h.matched) END,
     finished_at = now(), gate_deadline = NULL,
-    errors = CASE WHEN h.error IS NULL THEN j.errors ELSE j.errors || {_GATE_ERROR.format(
-        cls="ConditionInvalid", text="h.error")} END
+    errors = CASE WHEN h.error IS NULL THEN j.errors ELSE j.errors || {
+    _GATE_ERROR.format(cls="ConditionInvalid", text="h.error")
+} END
 FROM jsonb_to_recordset(%(rows)s::jsonb) AS h(id bigint, matched jsonb, error text)
 WHERE j.id = h.id AND {_GATE_WAITS} AND j.gate ->> 'kind' = 'condition'
 RETURNING j.id, j.state
@@ -736,11 +753,13 @@ SET state = CASE WHEN {_ENDS_WELL} THEN 'completed' ELSE 'failed' END,
         WHEN j.gate ->> 'on_timeout' = 'continue'
         THEN jsonb_build_object('timed_out', true, 'deadline', j.gate_deadline) END,
     finished_at = now(), gate_deadline = NULL,
-    errors = CASE WHEN {_ENDS_WELL} THEN j.errors ELSE j.errors || {_GATE_ERROR.format(
+    errors = CASE WHEN {_ENDS_WELL} THEN j.errors ELSE j.errors || {
+    _GATE_ERROR.format(
         cls="GateTimedOut",
         text="'The gate timed out at ' || j.gate_deadline || ' without its '"
         " || COALESCE('signal ' || (j.gate ->> 'signal'), 'condition') || '.'",
-    )} END
+    )
+} END
 FROM due
 WHERE j.id = due.id AND {_GATE_WAITS}
 RETURNING j.id, j.state, j.task_path, j.queue

@@ -37,12 +37,12 @@ from .claims import Claimer
 from .conf import MAX_INT, MAX_SECONDS, conveyor_settings
 from .dbconn import LoopConnection
 from .exceptions import ConveyorConfigurationError
+from .gate_service import GatesService
 from .heartbeat import Heartbeat, interval_for
 from .instrument import Instrument, Stats
 from .leases import Leases
 from .listener import Listener
 from .outcomes import Outcome
-from .gate_service import GatesService
 from .reaper import Reaper
 from .registry import Registry, WorkerInfo
 from .reporting import Reporter

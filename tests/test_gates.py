@@ -213,7 +213,10 @@ class TestConditions:
         good = chain(workflows.wait_until(Effect, Q(label="x"))).enqueue()[0]
         bad = chain(workflows.wait_until(Effect, Q(label="y"))).enqueue()[0]
         Job.objects.filter(pk=int(bad.id)).update(
-            gate={**job(bad).gate, "condition": {"model": "testapp.Gone", "q": job(bad).gate["condition"]["q"]}}
+            gate={
+                **job(bad).gate,
+                "condition": {"model": "testapp.Gone", "q": job(bad).gate["condition"]["q"]},
+            }
         )
         Effect.objects.create(job_id=1, token=0, worker="", label="x")
         fire_gates()
@@ -230,7 +233,9 @@ class TestCheckpoints:
         assert row.state == "completed"
         assert row.return_value == ["one", "two", "three"]
         assert sorted(Effect.objects.values_list("label", flat=True)) == ["one", "three", "two"]
-        keys = sorted(LedgerEntry.objects.filter(job_id=row.pk).values_list("effect_key", flat=True))
+        keys = sorted(
+            LedgerEntry.objects.filter(job_id=row.pk).values_list("effect_key", flat=True)
+        )
         assert keys == ["checkpoint:one", "checkpoint:three", "checkpoint:two"]
         assert row.attempt == 3
 

@@ -17,6 +17,18 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
+        migrations.CreateModel(
+            name="WaitingGate",
+            fields=[],
+            options={
+                "verbose_name": "waiting gate",
+                "verbose_name_plural": "waiting (gates: approvals, signals, timers, conditions)",
+                "proxy": True,
+                "indexes": [],
+                "constraints": [],
+            },
+            bases=("conveyor.job",),
+        ),
         migrations.AddField(
             model_name="job",
             name="gate",
