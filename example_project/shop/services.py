@@ -52,7 +52,12 @@ def place_order(*, email: str, item: str, quantity: int, unit_price_cents: int) 
 
 
 def place_wholesale_order(
-    *, email: str, item: str, quantity: int, unit_price_cents: int
+    *,
+    email: str,
+    item: str,
+    quantity: int,
+    unit_price_cents: int,
+    cooling_off: timedelta | None = None,
 ) -> tuple[Order, WorkflowResult]:
     """An order that waits: the charge, a manager's approval, a cooling-off timer, then shipping.
 
@@ -63,7 +68,8 @@ def place_wholesale_order(
     seconds) is a durable timer. Nothing runs, and no worker holds anything,
     while they wait.
     """
-    cooling_off = timedelta(seconds=getattr(settings, "SHOP_COOLING_OFF_SECONDS", 3600))
+    if cooling_off is None:
+        cooling_off = timedelta(seconds=getattr(settings, "SHOP_COOLING_OFF_SECONDS", 3600))
     with transaction.atomic():
         order = Order.objects.create(
             email=email, item=item, quantity=quantity, unit_price_cents=unit_price_cents
