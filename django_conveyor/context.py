@@ -19,7 +19,7 @@ from . import ledger, protocol
 from .compat import TaskContext
 from .exceptions import LeaseLost
 from .results import ConveyorTaskResult, result_from_job
-from .serialization import text_problem, to_json
+from .serialization import checked_name, to_json
 
 CHECKPOINT_PREFIX = "checkpoint:"  # A step's effect key in conveyor_ledger.
 MAX_STEP_NAME_LENGTH = 200
@@ -206,14 +206,7 @@ class JobContext(TaskContext):
 
 
 def _step_effect_key(name: Any) -> str:
-    if not isinstance(name, str) or not name or len(name) > MAX_STEP_NAME_LENGTH:
-        raise ValueError(
-            f"A checkpoint's name must be a non-empty string of at most {MAX_STEP_NAME_LENGTH} "
-            f"characters, not {name!r:.80}."
-        )
-    if problem := text_problem(name):
-        raise ValueError(f"The checkpoint name {name!r:.80} {problem}.")
-    return f"{CHECKPOINT_PREFIX}{name}"
+    return CHECKPOINT_PREFIX + checked_name(name, "A checkpoint's name", MAX_STEP_NAME_LENGTH)
 
 
 def _loaded_json(text: str) -> Any:

@@ -27,7 +27,7 @@ from .exceptions import (
     WrongSignal,
 )
 from .results import ConveyorTaskResult, parse_result_id, result_from_job
-from .serialization import text_problem, to_json
+from .serialization import checked_name, text_problem, to_json
 
 KINDS = ("signal", "sleep", "condition")
 MAX_SIGNAL_NAME_LENGTH = 100
@@ -65,14 +65,7 @@ def gate_task(kind: str) -> Any:
 
 
 def check_signal_name(name: Any, what: str = "signal name") -> str:
-    if not isinstance(name, str) or not name or len(name) > MAX_SIGNAL_NAME_LENGTH:
-        raise ValueError(
-            f"The {what} must be a non-empty string of at most {MAX_SIGNAL_NAME_LENGTH} "
-            f"characters, not {name!r:.80}."
-        )
-    if problem := text_problem(name):
-        raise ValueError(f"The {what} {name!r:.80} {problem}.")
-    return name
+    return checked_name(name, f"The {what}", MAX_SIGNAL_NAME_LENGTH)
 
 
 def payload_json(payload: Any) -> str | None:

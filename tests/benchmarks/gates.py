@@ -13,6 +13,9 @@ Interleaved rounds, each measured with and without `--gates` waiting gates
 2. Drain: `--jobs` no-op jobs drained by real `conveyor_worker --burst`
    processes, throughput over the span from first claim to last completion.
 3. The gates service's pass with nothing due (its two index probes), median ms.
+4. With the gates in the table: the shared buffers that CLAIM, GATE_TIMEOUT
+   (nothing due) and the condition poll read (EXPLAIN ANALYZE, BUFFERS): a
+   count that does not depend on the machine's load.
 
 Prints one JSON document (and writes it to --out). Not a timed test: figures
 depend on the machine, so compare with and without gates within one run.
@@ -59,6 +62,33 @@ def median_ms(fn) -> float:
         fn()
         times.append((time.perf_counter() - started) * 1000)
     return round(statistics.median(times), 3)
+
+
+def buffers() -> dict[str, int]:
+    """Shared buffers each statement reads, from EXPLAIN (ANALYZE, BUFFERS), rolled back."""
+    import re
+
+    from django.db import connection, transaction
+
+    from django_conveyor import protocol
+    from django_conveyor.gate_service import WAITING_CONDITIONS
+    from tests.testapp.tasks import noop
+
+    statements = {
+        "claim": (protocol.CLAIM, {"queues": ["default"], "limit": 8, "owner": "x", "lease": 30}),
+        "gate_timeout_nothing_due": (protocol.GATE_TIMEOUT, {"limit": 500}),
+        "condition_poll": (WAITING_CONDITIONS, {"after": 0, "limit": 100, "ids": None}),
+    }
+    read = {}
+    with connection.cursor() as cur:
+        for name, (sql, params) in statements.items():
+            with transaction.atomic():
+                noop.enqueue_many([((), {})] * 20)
+                cur.execute("EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF) " + sql, params)
+                top = next(r[0] for r in cur.fetchall() if "Buffers:" in r[0])
+                transaction.set_rollback(True)
+            read[name] = sum(int(n) for n in re.findall(r"(?:hit|read)=(\d+)", top))
+    return read
 
 
 def measure(args) -> dict:
@@ -119,11 +149,13 @@ def main() -> int:
             cur.execute("DELETE FROM conveyor_job")
             cur.execute("VACUUM ANALYZE conveyor_job")
         without = measure(args)
+        without["buffers"] = buffers()
         with connection.cursor() as cur:
             cur.execute("DELETE FROM conveyor_job")
             cur.execute(INSERT_GATES, {"n": args.gates})
             cur.execute("VACUUM ANALYZE conveyor_job")
         with_gates = measure(args)
+        with_gates["buffers"] = buffers()
         with connection.cursor() as cur:
             cur.execute("SELECT count(*) FROM conveyor_job WHERE gate IS NOT NULL")
             waiting = cur.fetchone()[0]
