@@ -20,6 +20,8 @@ States and the only transitions (DESIGN §3)::
     running --REQUEST_CANCEL--> running, with a cancel request (no state change)
     running with a cancel request --CANCEL_HELD (holder) / REAP (expired)--> cancelled
     (a schedule's tick) --CRON_ENQUEUE--> available, with the row of conveyor_cron advanced
+    blocked gate that waits --SIGNAL / CONDITION_MET / GATE_TIMEOUT--> completed or failed
+    running --CHECKPOINT--> running, with a step's record in conveyor_ledger (no state change)
 
 The guard. Every CLAIM issues a new fencing token: `lease_version + 1`, with
 `lease_owner` set to the claiming worker. Every later write a worker makes
@@ -63,6 +65,17 @@ decremented. `requeue()` runs REBLOCK_DEPENDENTS: the dependents that a
 dependency's failure cancelled return to `blocked`, transitively, their
 counters recomputed under share locks on their dependencies. Lock order is
 always a dependency before its dependents.
+
+Gates. A job with a `gate` definition is a workflow step no handler
+runs. Every statement that would make a job available (ENQUEUE, UNBLOCK,
+CANCEL_DEPENDENTS, REBLOCK_DEPENDENTS, REQUEUE) keeps a gate `blocked`, and
+sets its `gate_deadline` when its upstream is satisfied: it then waits
+(blocked, pending_dependencies = 0). CLAIM reads only available rows, so it
+never takes a gate. SIGNAL, CONDITION_MET and GATE_TIMEOUT end the wait,
+each guarded by "still waits" under the gate's row lock, so the first one
+wins and a gate ends once; its dependents follow in the same transaction.
+CHECKPOINT records a resumable step under the fence, inside the attempt's
+guarded transaction (after LOCK_FOR_EFFECT), once per (job, step).
 
 Operators leave a trace: REQUEUE, CANCEL, REQUEST_CANCEL and CANCEL_HELD
 append `{"time", "actor", "action", "detail"}` to the job's `history`; so
