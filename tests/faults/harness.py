@@ -27,7 +27,7 @@ from tests.pgbouncer.bouncer import (
     session_state_errors,
 )
 
-from . import pg, poison, verify
+from . import gates, pg, poison, verify
 from .injectors import Injector, Kill9, PgRestart, SigStop, SigStopInAtomic
 from .proxy import FaultProxy
 from .workers import WorkerPool
@@ -40,6 +40,7 @@ SCENARIOS = ("kill9", "sigstop", "pg-restart", "network")
 ATOMIC = "sigstop-atomic"
 ATOMIC_INSIDE_SECONDS = (0.3, 1.2)  # Its default --inside: long enough to be caught there.
 POISON = "poison"  # Its faults are the jobs themselves (poison.py), not an injector.
+GATES = "gates"  # Workflows that wait for signals (gates.py), under kill -9 and restarts.
 POOLER_MODES = ("poll-only", "listener-dsn")
 LATENCY_SECONDS = 0.030
 DROP_RATE = 0.05
@@ -78,12 +79,16 @@ class Params:
     def faults(self) -> tuple[str, ...]:
         if self.scenario == POISON:
             return ()
+        if self.scenario == GATES:
+            return ("kill9", "pg-restart")
         return SCENARIOS if self.scenario == "all" else (self.scenario,)
 
 
 def parse_args(argv: list[str] | None) -> Params:
     parser = argparse.ArgumentParser(description="Run a fault-injection scenario.")
-    parser.add_argument("--scenario", required=True, choices=[*SCENARIOS, ATOMIC, "all", POISON])
+    parser.add_argument(
+        "--scenario", required=True, choices=[*SCENARIOS, ATOMIC, "all", POISON, GATES]
+    )
     parser.add_argument("--jobs", type=int, default=60)
     parser.add_argument("--out", type=Path, required=True, help="Folder for fault-NAME.json.")
     parser.add_argument("--workers", type=int, default=3, help="Worker processes (default 3).")
@@ -111,7 +116,10 @@ def parse_args(argv: list[str] | None) -> Params:
         help="Enqueue N five-step workflows (5 N jobs) instead of --jobs single jobs.",
     )
     args = parser.parse_args(argv)
-    if args.workflows:
+    if args.scenario == GATES:  # Three jobs per workflow: a, its gate, b.
+        args.workflows = args.workflows or max(1, args.jobs // len(gates.SHAPE))
+        args.jobs = len(gates.SHAPE) * args.workflows
+    elif args.workflows:
         args.jobs = WORKFLOW_STEPS * args.workflows
     if args.jobs < 1 or args.workers < 2 or args.concurrency < 1:
         parser.error("--jobs and --concurrency must be 1 or more, --workers 2 or more.")
@@ -153,7 +161,8 @@ def main(argv: list[str] | None = None) -> int:
                 shutil.copy(log, params.keep / log.name)
         shutil.rmtree(work, ignore_errors=True)
     params.out.mkdir(parents=True, exist_ok=True)
-    name = f"{params.scenario}-workflows" if params.workflows else params.scenario
+    workflows = params.workflows and params.scenario != GATES
+    name = f"{params.scenario}-workflows" if workflows else params.scenario
     path = params.out / f"fault-{name}.json"
     path.write_text(json.dumps(result, indent=2, sort_keys=False) + "\n")
     summary = {
@@ -241,8 +250,15 @@ class Run:
         started = time.monotonic()
         self.pool.start_all()
         self.start_injectors()
+        signaller = None
+        if p.scenario == GATES:
+            signaller = gates.Signaller(self.pg_port, threading.Event())
+            signaller.start()
         settled_at = self.wait_for_final(started)
         self.stop_injectors()
+        if signaller is not None:
+            signaller.stop.set()
+            signaller.join(30)
         if "sigstop" in p.faults or ATOMIC in p.faults:
             # A zombie thawed just now still has handlers asleep: let them wake
             # and report (and be refused) before SIGTERM ends the process.
@@ -260,10 +276,14 @@ class Run:
             figures = verify.check(conn, ordinary, facts)
             if p.scenario == POISON:
                 poisoned, poison_failures = poison.check(conn, self.poisoned)
-        if p.workflows:
+        if p.workflows and p.scenario != GATES:
             with pg.connect(self.pg_port) as conn:
                 figures["workflows"] = verify.check_workflows(conn, p.workflows)
         failed = verify.failures(figures, require_stale=p.scenario in ("sigstop", ATOMIC))
+        if signaller is not None:
+            with pg.connect(self.pg_port) as conn:
+                figures["gates"] = gates.check(conn, p.workflows, signaller)
+            failed += gates.failures(figures["gates"])
         if ATOMIC in p.faults:
             with pg.connect(self.pg_port) as conn:
                 figures["frozen_inside_atomic"] = verify.frozen_inside_atomic(
@@ -322,6 +342,8 @@ class Run:
         connections.close_all()
 
     def enqueue(self) -> None:
+        if self.params.scenario == GATES:
+            return self.enqueue_gates()
         if self.params.workflows:
             return self.enqueue_workflows()
         from django_conveyor import protocol
@@ -356,6 +378,14 @@ class Run:
         with pg.connect(self.pg_port) as conn, conn.transaction(), conn.cursor() as cur:
             rows = protocol.enqueue(cur, jobs, notify=True)
         self.poisoned = {rows[position].id: name for position, name in chosen.items()}
+
+    def enqueue_gates(self) -> None:
+        from .settings import CONVEYOR, QUEUE
+
+        p = self.params
+        with pg.connect(self.pg_port) as conn, conn.transaction(), conn.cursor() as cur:
+            gates.enqueue(cur, rng=self.rng, workflows=p.workflows, work=p.work_seconds,
+                          queue=QUEUE, attempts=int(CONVEYOR["MAX_ATTEMPTS"]))  # fmt: skip
 
     def enqueue_workflows(self) -> None:
         """Every workflow in one transaction, one ENQUEUE per step name (in dependency order)."""
