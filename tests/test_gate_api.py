@@ -102,6 +102,7 @@ def test_not_found_not_a_gate_and_scope(call):
     assert Job.objects.get(pk=gate).state == "blocked"
 
 
+@pytest.mark.django_db(transaction=True, databases=["default", "shard"])
 def test_metrics_count_waiting_gates_per_kind(client):
     from datetime import timedelta
 
