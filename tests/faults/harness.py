@@ -537,7 +537,13 @@ class Run:
                 "network_drop_rate": DROP_RATE if "network" in p.faults else None,
                 "pgbouncer": p.pgbouncer,
                 "workflows": p.workflows or None,
-                "workflow_shape": WORKFLOW_SHAPE if p.workflows else None,
+                "workflow_shape": (
+                    {"a": [], "g": ["a"], "b": ["g"]}
+                    if p.scenario == GATES
+                    else WORKFLOW_SHAPE
+                    if p.workflows
+                    else None
+                ),
             },
             "faults_injected": faults,
             "final_jobs_over_time": self.progress[:: max(1, len(self.progress) // 20)],
