@@ -19,18 +19,18 @@ from . import ledger, protocol
 from .compat import TaskContext
 from .exceptions import LeaseLost
 from .results import ConveyorTaskResult, result_from_job
-from .serialization import checked_name, to_json
+from .serialization import checked_name, loaded, to_json
 
 CHECKPOINT_PREFIX = "checkpoint:"  # A step's effect key in conveyor_ledger.
 MAX_STEP_NAME_LENGTH = 200
 
 if TYPE_CHECKING:
-    from .leases import HeldLease
+    from .worker.attempts import Attempt
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class JobContext(TaskContext):
-    held: HeldLease = field(repr=False)  # The worker's lease, shared with its control loop.
+    held: Attempt = field(repr=False)  # The attempt the worker holds, shared with its control loop.
     _loaded: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -176,7 +176,7 @@ class JobContext(TaskContext):
             if not recorded:  # Recorded since our read: roll fn's writes back, return that one.
                 transaction.set_rollback(True, using=self.database)
         if recorded:
-            return _loaded_json(text)
+            return loaded(text)
         with connection.cursor() as cursor:
             return protocol.recorded_step(cursor, job_id=self.job_id, key=key)[1]
 
@@ -207,12 +207,6 @@ class JobContext(TaskContext):
 
 def _step_effect_key(name: Any) -> str:
     return CHECKPOINT_PREFIX + checked_name(name, "A checkpoint's name", MAX_STEP_NAME_LENGTH)
-
-
-def _loaded_json(text: str) -> Any:
-    import json
-
-    return json.loads(text)
 
 
 def _nested(connection: Any, outer_blocks: int) -> bool:

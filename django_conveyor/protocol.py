@@ -95,6 +95,13 @@ Invariants (checked by the spec, SPIN, the property tests and fault runs):
 at most one worker holds a valid lease on a job; an outcome is written only
 by the current token holder; a completed job's effect is in the ledger
 exactly once; every job ends in a final state while some worker runs.
+
+The module reads by action family: enqueue, claim, outcomes (what the
+holder of a lease writes), maintenance (reap, prune), operators (requeue,
+cancel), workflows (unblock, cancel and reblock dependents), gates (signal,
+condition met, gate timeout, checkpoint) and cron. Each
+SQL constant sits directly above the function that runs it; `ACTIONS`, at
+the end, names them for `tests/test_spec_names.py`.
 """
 
 from __future__ import annotations
@@ -111,12 +118,43 @@ from .exceptions import (
     IdempotencyKeyReused,
     TooManyDependencies,
 )
+from .serialization import loaded
 from .states import JobState
 
 NOTIFY_CHANNEL = "conveyor"
 DEFAULT_ACTOR = "code"  # Who changed a job, when the caller does not say.
 MAX_DEPENDENCIES = 10_000  # Per job: one fan-in callback after a 10,000-job group.
 UNSUCCESSFUL_STATES = ("failed", "dead", "cancelled")  # Final, but not completed.
+
+
+class Cursor(Protocol):
+    """What the protocol needs of a cursor: Django's wrapper or psycopg's."""
+
+    rowcount: int
+
+    def execute(self, query: Any, params: Any = ...) -> Any: ...
+
+    def fetchall(self) -> list[Any]: ...
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
+def _error_entry(entry: str, *, ran: bool = True) -> str:
+    """SQL for a one-entry array to append to a job's `errors`: the one builder of an entry.
+
+    `entry` is a jsonb expression with what this end says (the exception's
+    class path, its traceback, maybe more); every entry adds the attempt and
+    its token, and the time. `ran`: the attempt ran under a lease, so the
+    entry names its worker and when it started; a job that ends without
+    running (a cancel, a failed dependency) names no worker.
+    """
+    worker, started = ("j.lease_owner", "'started_at', j.started_at, ") if ran else ("NULL", "")
+    return (
+        f"jsonb_build_array({entry} || jsonb_build_object('attempt', j.attempt, "
+        f"'worker', {worker}, 'token', j.lease_version, {started}'time', now()))"
+    )
 
 
 def _history(action: str, detail: str) -> str:
@@ -127,12 +165,10 @@ def _history(action: str, detail: str) -> str:
     )
 
 
-# Gates (docs/workflows.md, "Workflows that wait"). A gate is a job with a
-# `gate` definition that no handler runs: every statement that would make a
-# job available keeps a gate blocked, and sets its deadline when its last
-# upstream step is satisfied (it then waits). The deadline is a timer's
-# `until`, else now() plus its `seconds` (a timer's duration, a timeout),
-# else NULL. `row` is the table alias.
+# A gate (the Gates family below) is kept blocked by every statement that
+# would make a job available, and its deadline is set when its last upstream
+# step is satisfied (it then waits): a timer's `until`, else now() plus its
+# `seconds` (a timer's duration, a timeout), else NULL. `row` is the table alias.
 def _gate_deadline(row: str) -> str:
     return (
         f"COALESCE(({row}.gate ->> 'until')::timestamptz, "
@@ -153,12 +189,41 @@ def _armed_deadline(row: str, satisfied: str, otherwise: str) -> str:
     )
 
 
+# -- Enqueue: new jobs, in the caller's transaction ------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class NewJob:
+    task_path: str
+    args: list[Any]
+    kwargs: dict[str, Any]
+    queue: str
+    backend: str
+    priority: int
+    max_attempts: int
+    run_after: datetime | None = None
+    idempotency_key: str | None = None
+    depends_on: tuple[int, ...] = ()  # Job ids in the same database, already enqueued.
+    dependency_policy: str = "cancel"  # Or "run": run once every dependency is final.
+    gate: dict[str, Any] | None = None  # A gate's definition (workflows/gates.py); None: a job.
+
+
+@dataclass(frozen=True, slots=True)
+class Enqueued:
+    id: int
+    enqueued_at: datetime
+    run_after: datetime
+    created: bool  # False when the idempotency key already named a job.
+    state: str = JobState.AVAILABLE  # blocked when it waits for dependencies.
+
+
 _ENQUEUE_COLUMNS = """
     task_path text, args jsonb, kwargs jsonb, queue text, backend text, priority int,
     max_attempts int, run_after timestamptz, idempotency_key text, ord int,
     pending int, policy text,
     gate jsonb
 """
+
 
 ENQUEUE = f"""
 WITH input AS (
@@ -185,692 +250,12 @@ SELECT id, idempotency_key, enqueued_at, run_after, state,
 FROM inserted
 """
 
-# Part of ENQUEUE: the edges of the jobs it created, in the same transaction.
-ENQUEUE_DEPENDENCIES = """
-INSERT INTO conveyor_dependency (job_id, depends_on_id)
-SELECT * FROM unnest(%(job_ids)s::bigint[], %(depends_on_ids)s::bigint[])
-ON CONFLICT DO NOTHING
-"""
-
-# Read by ENQUEUE before it writes: the dependencies' states, share-locked
-# until the caller commits, so a dependency cannot complete (or fail) between
-# this read and the new edges' commit without its UNBLOCK seeing them. In id
-# order, so two enqueues sharing dependencies never deadlock.
-LOCK_DEPENDENCIES = """
-SELECT id, state FROM conveyor_job WHERE id = ANY(%(ids)s) ORDER BY id FOR SHARE
-"""
 
 EXISTING_BY_KEY = """
 SELECT id, idempotency_key, enqueued_at, run_after, task_path, args, kwargs, queue
 FROM conveyor_job
 WHERE idempotency_key = ANY(%(keys)s)
 """
-
-
-# Both halves keep their cost in proportion to the batch, not the table:
-# - the paused queues are taken out of the worker's list once, before the
-#   scan, so it walks conveyor_job_claim_idx in claim order and stops after
-#   `limit` rows (a per-row paused filter, `queue <> ALL(ARRAY(...))` or a
-#   NOT EXISTS that meets statistics of conveyor_queue, makes the planner
-#   expect one matching row and sort every ready row instead);
-# - a worker of one queue names it as a constant (the planner folds the
-#   `cardinality(...) <> 1 OR ...` test), so it walks conveyor_job_claim_queue_idx
-#   and is not slowed by ready rows of other queues ahead of its own;
-# - the update finds the picked rows by primary key (`id = ANY(ARRAY(...))`),
-#   where a join to the CTE may become a hash join over the whole table once
-#   the batch is a few hundred rows;
-# - the claimed rows come back in claim order, sorting only the batch.
-def _claim(which: str, limit: str) -> str:
-    """A claim statement: pick ready rows (`which` of them, up to `limit`), give each a token."""
-    return f"""
-WITH picked AS (
-    SELECT id FROM conveyor_job
-    WHERE state = 'available'
-      AND run_after <= now()
-      AND queue = ANY(ARRAY(
-          SELECT s.name FROM unnest(%(queues)s::text[]) AS s(name)
-          WHERE NOT EXISTS (SELECT 1 FROM conveyor_queue AS q WHERE q.name = s.name AND q.paused)
-      ))
-      AND (cardinality(%(queues)s::text[]) <> 1 OR queue = (%(queues)s::text[])[1])
-      AND {which}
-    ORDER BY priority DESC, run_after, id
-    LIMIT {limit}
-    FOR UPDATE SKIP LOCKED
-), claimed AS (
-    UPDATE conveyor_job AS j
-    SET state = 'running',
-        attempt = j.attempt + 1,
-        lease_owner = %(owner)s,
-        lease_version = j.lease_version + 1,
-        lease_expires_at = now() + make_interval(secs => %(lease)s),
-        started_at = now()
-    WHERE j.id = ANY(ARRAY(SELECT id FROM picked))
-    RETURNING j.*
-)
-SELECT id, task_path, args, kwargs, queue, backend, priority, attempt, max_attempts,
-       lease_version, idempotency_key, enqueued_at, started_at, lease_owner,
-       extract(epoch FROM started_at - greatest(enqueued_at, run_after))::float8,
-       NULLIF(errors, '[]'::jsonb), isolated, enqueued_run_after
-FROM claimed
-ORDER BY priority DESC, run_after, id
-"""
-
-
-# NOT isolated is a filter on the claim index (whose predicate is state alone):
-# isolated rows are few, and they wait for CLAIM_ISOLATED.
-CLAIM = _claim("NOT isolated", "%(limit)s")
-
-# One job, in a statement of its own. The NOT EXISTS reads the worker's
-# running isolated rows (at most one) through conveyor_job_isolated_held_idx.
-CLAIM_ISOLATED = _claim(
-    """isolated
-      AND NOT EXISTS (
-          SELECT 1 FROM conveyor_job AS mine
-          WHERE mine.state = 'running' AND mine.isolated AND mine.lease_owner = %(owner)s)""",
-    "1",
-)
-
-_HELD = "FROM jsonb_to_recordset(%(held)s::jsonb) AS h(id bigint, version bigint"
-
-# SKIP LOCKED: a row locked by the worker's own open context.atomic() must not
-# stall the heartbeat of every other lease; the lock itself keeps the reaper off.
-# A renewed job with a cancel request is reported, so its holder can stop it.
-HEARTBEAT = """
-WITH renew AS (
-    SELECT j.id
-    FROM conveyor_job AS j
-    JOIN jsonb_to_recordset(%(held)s::jsonb) AS h(id bigint, version bigint)
-      ON j.id = h.id AND j.lease_version = h.version
-    WHERE j.state = 'running' AND j.lease_owner = %(owner)s
-    FOR UPDATE OF j SKIP LOCKED
-)
-UPDATE conveyor_job AS j
-SET lease_expires_at = now() + make_interval(secs => %(lease)s)
-FROM renew
-WHERE j.id = renew.id
-RETURNING j.id, j.cancel_requested_at IS NOT NULL
-"""
-
-# A plain read, no lock, only when HEARTBEAT missed some of the held rows:
-# SKIP LOCKED also skips a row that another worker's CLAIM has just locked
-# and then rejected (PostgreSQL keeps that lock until the claim commits).
-# A row that still carries this worker's token is held, not lost.
-STILL_HELD = """
-SELECT j.id FROM conveyor_job AS j
-JOIN jsonb_to_recordset(%(held)s::jsonb) AS h(id bigint, version bigint)
-  ON j.id = h.id AND j.lease_version = h.version
-WHERE j.state = 'running' AND j.lease_owner = %(owner)s
-"""
-
-COMPLETE = f"""
-UPDATE conveyor_job AS j
-SET state = 'completed', return_value = h.return_value, finished_at = now(),
-    lease_expires_at = NULL, isolated = false
-{_HELD}, return_value jsonb)
-WHERE j.id = h.id AND j.state = 'running'
-  AND j.lease_owner = %(owner)s AND j.lease_version = h.version
-RETURNING j.id
-"""
-
-# Dependents are locked in id order (two batches completing dependencies of
-# the same jobs never deadlock) and re-checked as blocked under the lock.
-_DEPENDENTS_OF = """
-WITH hits AS (
-    SELECT d.job_id, count(*) AS n, min(d.depends_on_id) AS first
-    FROM conveyor_dependency AS d
-    WHERE d.depends_on_id = ANY(%(ids)s)
-    GROUP BY d.job_id
-), locked AS (
-    SELECT j.id, hits.n, hits.first
-    FROM conveyor_job AS j JOIN hits ON j.id = hits.job_id
-    WHERE j.state = 'blocked'
-    ORDER BY j.id
-    FOR UPDATE OF j
-)"""
-
-_NOTIFY_AVAILABLE = """CASE WHEN %(notify)s AND j.state = 'available' AND j.run_after <= now()
-            THEN pg_notify(%(channel)s, j.queue) END"""
-
-UNBLOCK = f"""{_DEPENDENTS_OF}
-UPDATE conveyor_job AS j
-SET pending_dependencies = j.pending_dependencies - locked.n,
-    state = {_waits_or_runs("j", "j.pending_dependencies - locked.n > 0")},
-    run_after = CASE WHEN j.pending_dependencies - locked.n > 0 THEN j.run_after
-                     ELSE greatest(j.run_after, now()) END,
-    gate_deadline = {_armed_deadline("j", "j.pending_dependencies - locked.n <= 0", "NULL")}
-FROM locked
-WHERE j.id = locked.id
-RETURNING j.id, j.state, {_NOTIFY_AVAILABLE}
-"""
-
-DEPENDENCY_FAILED = "django_conveyor.exceptions.DependencyFailed"
-
-CANCEL_DEPENDENTS = f"""{_DEPENDENTS_OF}
-UPDATE conveyor_job AS j
-SET state = CASE WHEN j.dependency_policy = 'cancel' THEN 'cancelled'
-                 WHEN j.pending_dependencies - locked.n > 0 OR j.gate IS NOT NULL THEN 'blocked'
-                 ELSE 'available' END,
-    gate_deadline = {
-    _armed_deadline(
-        "j", "j.dependency_policy = 'run' AND j.pending_dependencies - locked.n <= 0", "NULL"
-    )
-},
-    pending_dependencies = CASE WHEN j.dependency_policy = 'cancel' THEN j.pending_dependencies
-                                ELSE j.pending_dependencies - locked.n END,
-    finished_at = CASE WHEN j.dependency_policy = 'cancel' THEN now() END,
-    run_after = CASE WHEN j.dependency_policy = 'run' AND j.pending_dependencies - locked.n <= 0
-                     THEN greatest(j.run_after, now()) ELSE j.run_after END,
-    errors = CASE WHEN j.dependency_policy = 'run' THEN j.errors
-        ELSE j.errors || jsonb_build_array(jsonb_build_object(
-            'attempt', j.attempt, 'worker', NULL, 'token', j.lease_version,
-            'exception_class_path', '{DEPENDENCY_FAILED}',
-            'traceback', 'Dependency ' || e.id || ' (' || e.task_path || ') ended '
-                || e.state || '; this job was cancelled without running.',
-            'dependency', e.id, 'time', now())) END
-FROM locked JOIN conveyor_job AS e ON e.id = locked.first
-WHERE j.id = locked.id
-RETURNING j.id, j.state, {_NOTIFY_AVAILABLE}
-"""
-
-# The candidates: the given jobs that REQUEUE made blocked, and their
-# dependents that a dependency's failure cancelled (the last error says so;
-# an operator's cancel leaves another) or that have policy 'run' and have not
-# started (their dependency is unfinished again). Their
-# dependencies are share-locked before the candidates are locked (a
-# dependency before its dependents, as COMPLETE then UNBLOCK do), so the
-# counts read the latest committed states and nothing changes them before
-# this commits. A job cancelled by a dependency stays cancelled while another
-# of its dependencies is failed, dead or cancelled.
-REBLOCK_DEPENDENTS = f"""
-WITH candidates AS (
-    SELECT j.id FROM conveyor_job AS j WHERE j.id = ANY(%(ids)s) AND j.state = 'blocked'
-    UNION
-    SELECT j.id
-    FROM conveyor_dependency AS d JOIN conveyor_job AS j ON j.id = d.job_id
-    WHERE d.depends_on_id = ANY(%(ids)s)
-      AND ((j.state IN ('blocked', 'available') AND j.dependency_policy = 'run')
-           OR (j.state = 'cancelled'
-               AND j.errors -> -1 ->> 'exception_class_path' = '{DEPENDENCY_FAILED}'))
-), upstream AS (
-    SELECT d.job_id, p.state
-    FROM candidates AS c
-    JOIN conveyor_dependency AS d ON d.job_id = c.id
-    JOIN conveyor_job AS p ON p.id = d.depends_on_id
-    ORDER BY p.id
-    FOR SHARE OF p
-), counted AS (
-    SELECT job_id,
-           count(*) FILTER (WHERE state <> 'completed') AS unfinished,
-           count(*) FILTER (
-               WHERE state NOT IN ('completed', 'failed', 'dead', 'cancelled')) AS unsettled
-    FROM upstream GROUP BY job_id
-), locked AS (
-    SELECT j.id, c.unfinished, c.unsettled
-    FROM conveyor_job AS j JOIN counted AS c ON j.id = c.job_id
-    ORDER BY j.id
-    FOR UPDATE OF j
-)
-UPDATE conveyor_job AS j
-SET pending_dependencies = CASE WHEN j.dependency_policy = 'run' THEN locked.unsettled
-                                ELSE locked.unfinished END,
-    state = CASE WHEN (CASE WHEN j.dependency_policy = 'run' THEN locked.unsettled
-                            ELSE locked.unfinished END) > 0 OR j.gate IS NOT NULL
-                 THEN 'blocked' ELSE 'available' END,
-    gate_deadline = {
-    _armed_deadline(
-        "j",
-        '''(CASE WHEN j.dependency_policy = 'run'
-        THEN locked.unsettled ELSE locked.unfinished END) = 0''',
-        "NULL",
-    )
-},
-    finished_at = NULL,
-    run_after = greatest(j.run_after, now()),
-    history = CASE WHEN j.state = 'blocked' THEN j.history ELSE j.history || jsonb_build_array(
-        jsonb_build_object('time', now(), 'actor', %(actor)s::text, 'action', 'reblock',
-                           'detail', 'a dependency was requeued, was ' || j.state)) END
-FROM locked
-WHERE j.id = locked.id
-  AND (j.state = 'blocked' OR (j.state = 'available' AND j.dependency_policy = 'run')
-       OR (j.state = 'cancelled' AND (j.dependency_policy = 'run'
-           OR locked.unfinished = locked.unsettled)))
-RETURNING j.id, j.state, {_NOTIFY_AVAILABLE}
-"""
-
-RECORD_RESULT = f"""
-UPDATE conveyor_job AS j
-SET return_value = h.return_value
-{_HELD}, return_value jsonb)
-WHERE j.id = h.id AND j.state = 'completed'
-  AND j.lease_owner = %(owner)s AND j.lease_version = h.version
-RETURNING j.id
-"""
-
-_ERROR_ENTRY = """jsonb_build_array(h.error || jsonb_build_object(
-        'attempt', j.attempt, 'worker', j.lease_owner, 'token', j.lease_version,
-        'started_at', j.started_at, 'time', now()))"""
-
-# RETRY, SNOOZE and RELEASE hand a running job back; one with a cancel
-# request ends cancelled instead, so that it never runs again (as REAP does):
-# the handler may have ended before its worker's heartbeat told it.
-_HAND_BACK = "CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled' ELSE 'available' END"
-_HANDED_BACK_AT = "CASE WHEN j.cancel_requested_at IS NOT NULL THEN now() END"
-
-RETRY = f"""
-UPDATE conveyor_job AS j
-SET state = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
-                 WHEN j.attempt >= j.max_attempts THEN 'dead' ELSE 'available' END,
-    run_after = now() + make_interval(secs => h.delay),
-    finished_at = CASE WHEN j.cancel_requested_at IS NOT NULL
-                         OR j.attempt >= j.max_attempts THEN now() END,
-    errors = j.errors || {_ERROR_ENTRY},
-    lease_owner = NULL, lease_expires_at = NULL, isolated = false
-{_HELD}, delay float8, error jsonb)
-WHERE j.id = h.id AND j.state = 'running'
-  AND j.lease_owner = %(owner)s AND j.lease_version = h.version
-RETURNING j.id, j.state
-"""
-
-FAIL = f"""
-UPDATE conveyor_job AS j
-SET state = 'failed', finished_at = now(), errors = j.errors || {_ERROR_ENTRY},
-    lease_owner = NULL, lease_expires_at = NULL, isolated = false
-{_HELD}, error jsonb)
-WHERE j.id = h.id AND j.state = 'running'
-  AND j.lease_owner = %(owner)s AND j.lease_version = h.version
-RETURNING j.id
-"""
-
-# A note (a delay the worker capped) goes to history; without one, history is untouched.
-SNOOZE = f"""
-UPDATE conveyor_job AS j
-SET state = {_HAND_BACK}, finished_at = {_HANDED_BACK_AT}, attempt = j.attempt - 1,
-    run_after = now() + make_interval(secs => h.delay), lease_owner = NULL, lease_expires_at = NULL,
-    isolated = false,
-    history = CASE WHEN h.note IS NULL THEN j.history
-                   ELSE j.history || {_history("snooze_capped", "h.note")} END
-{_HELD}, delay float8, note text)
-WHERE j.id = h.id AND j.state = 'running'
-  AND j.lease_owner = %(owner)s AND j.lease_version = h.version
-RETURNING j.id
-"""
-
-# The handler did not finish: an isolated job stays isolated.
-RELEASE = f"""
-UPDATE conveyor_job AS j
-SET state = {_HAND_BACK}, finished_at = {_HANDED_BACK_AT}, attempt = j.attempt - 1,
-    lease_owner = NULL, lease_expires_at = NULL
-{_HELD})
-WHERE j.id = h.id AND j.state = 'running'
-  AND j.lease_owner = %(owner)s AND j.lease_version = h.version
-RETURNING j.id
-"""
-
-# The bound on a guarded transaction (context.atomic()), set before its lock.
-# A worker frozen (SIGSTOP) or hung inside it would otherwise keep the job's
-# row lock, which REAP skips, for ever. PostgreSQL cancels a statement that
-# runs longer than statement_timeout (the transaction aborts and its locks
-# go at once) and terminates a session idle in its transaction for longer
-# than idle_in_transaction_session_timeout (rolled back, locks released, the
-# zombie's next statement and its commit fail). is_local: both settings end
-# with the transaction, as SET LOCAL, so they also hold behind a pooler.
-BOUND_TRANSACTION = """
-SELECT set_config('statement_timeout', %(ms)s, true),
-       set_config('idle_in_transaction_session_timeout', %(ms)s, true)
-"""
-
-# A cancel request refuses the lock: no effect commits after an operator's cancel.
-LOCK_FOR_EFFECT = """
-SELECT id FROM conveyor_job
-WHERE id = %(id)s AND state = 'running'
-  AND lease_owner = %(owner)s AND lease_version = %(version)s
-  AND cancel_requested_at IS NULL
-FOR UPDATE
-"""
-
-REAP = """
-WITH expired AS (
-    SELECT id, lease_owner FROM conveyor_job
-    WHERE state = 'running' AND lease_expires_at < now()
-    ORDER BY lease_expires_at
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
-)
-UPDATE conveyor_job AS j
-SET state = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
-                 WHEN j.attempt >= j.max_attempts THEN 'dead' ELSE 'available' END,
-    finished_at = CASE WHEN j.cancel_requested_at IS NOT NULL
-                         OR j.attempt >= j.max_attempts THEN now() END,
-    run_after = now(),
-    lease_owner = NULL,
-    lease_expires_at = NULL,
-    -- It may have killed its worker: back to available, it runs alone.
-    isolated = (j.cancel_requested_at IS NULL AND j.attempt < j.max_attempts),
-    errors = j.errors || jsonb_build_array(jsonb_build_object(
-        'attempt', j.attempt, 'worker', j.lease_owner, 'token', j.lease_version,
-        'started_at', j.started_at,
-        'exception_class_path', CASE WHEN j.cancel_requested_at IS NOT NULL
-            THEN 'django_conveyor.exceptions.Cancelled'
-            ELSE 'django_conveyor.exceptions.LeaseLost' END,
-        'traceback', 'The lease expired at ' || j.lease_expires_at || CASE
-            WHEN j.cancel_requested_at IS NOT NULL
-            THEN ' after a cancel request by ' || j.cancel_requested_by
-                || '; the reaper cancelled the job.'
-            ELSE ' without a heartbeat; the job was taken back by the reaper.' END,
-        'time', now()))
-FROM expired
-WHERE j.id = expired.id
-RETURNING j.id, j.state, j.task_path, j.queue, j.attempt, expired.lease_owner, j.lease_version
-"""
-
-# A job with dependencies comes back `blocked` and REBLOCK_DEPENDENTS counts
-# them. One whose dependency (policy 'cancel') is itself failed, dead or
-# cancelled is refused: requeue that dependency, and this job follows.
-REQUEUE = f"""
-UPDATE conveyor_job AS j
-SET state = CASE WHEN EXISTS (SELECT 1 FROM conveyor_dependency AS d WHERE d.job_id = j.id)
-                      OR j.gate IS NOT NULL
-                 THEN 'blocked' ELSE 'available' END,
-    gate_deadline = {
-    _armed_deadline(
-        "j", "NOT EXISTS (SELECT 1 FROM conveyor_dependency AS d WHERE d.job_id = j.id)", "NULL"
-    )
-},
-    attempt = 0, run_after = now(), finished_at = NULL,
-    lease_expires_at = NULL, return_value = NULL, isolated = false,
-    cancel_requested_at = NULL, cancel_requested_by = NULL,
-    history = j.history || {_history("requeue", "'was ' || j.state")}
-WHERE j.id = ANY(%(ids)s) AND j.state IN ('failed', 'dead', 'cancelled')
-  AND NOT (j.dependency_policy = 'cancel' AND EXISTS (
-      SELECT 1 FROM conveyor_dependency AS d JOIN conveyor_job AS p ON p.id = d.depends_on_id
-      WHERE d.job_id = j.id AND p.state IN ('failed', 'dead', 'cancelled')))
-RETURNING j.id, j.queue
-"""
-
-CANCEL = f"""
-UPDATE conveyor_job
-SET state = 'cancelled', finished_at = now(),
-    errors = errors || jsonb_build_array(jsonb_build_object(
-        'attempt', attempt, 'worker', NULL, 'token', lease_version,
-        'exception_class_path', 'django_conveyor.exceptions.Cancelled',
-        'traceback', 'Cancelled before it ran, by ' || %(actor)s::text || '.', 'time', now())),
-    history = history || {_history("cancel", "'was ' || state")}
-WHERE id = ANY(%(ids)s) AND state IN ('blocked', 'available')
-RETURNING id
-"""
-
-# Any token: the operator does not hold the lease. The first request stands.
-REQUEST_CANCEL = f"""
-UPDATE conveyor_job
-SET cancel_requested_at = now(), cancel_requested_by = %(actor)s::text,
-    history = history || {
-    _history(
-        "request_cancel",
-        "'running on ' || COALESCE(lease_owner, '?') || ' (token ' || lease_version || ')'",
-    )
-}
-WHERE id = ANY(%(ids)s) AND state = 'running' AND cancel_requested_at IS NULL
-RETURNING id
-"""
-
-CANCEL_HELD = f"""
-UPDATE conveyor_job AS j
-SET state = 'cancelled', finished_at = now(),
-    errors = j.errors || jsonb_build_array(jsonb_build_object(
-        'attempt', j.attempt, 'worker', j.lease_owner, 'token', j.lease_version,
-        'started_at', j.started_at,
-        'exception_class_path', 'django_conveyor.exceptions.Cancelled',
-        'traceback', 'Cancelled while running, at the request of '
-            || j.cancel_requested_by || '.',
-        'time', now())),
-    history = j.history || {
-    _history("cancel_held", "'stopped while running, as ' || j.cancel_requested_by || ' asked'")
-},
-    lease_owner = NULL, lease_expires_at = NULL, isolated = false
-{_HELD})
-WHERE j.id = h.id AND j.state = 'running'
-  AND j.lease_owner = %(owner)s AND j.lease_version = h.version
-  AND j.cancel_requested_at IS NOT NULL
-RETURNING j.id
-"""
-
-PRUNE = """
-WITH doomed AS (
-    SELECT id FROM conveyor_job
-    WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
-      AND finished_at < now() - make_interval(secs => %(older_than)s)
-      AND queue = ANY(%(queues)s)
-    ORDER BY finished_at
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
-), ledger AS (
-    -- The foreign keys cascade in Django, not in the database: delete here.
-    DELETE FROM conveyor_ledger AS l USING doomed WHERE l.job_id = doomed.id
-), edges_in AS (
-    DELETE FROM conveyor_dependency AS d USING doomed WHERE d.job_id = doomed.id
-), edges_out AS (
-    DELETE FROM conveyor_dependency AS d USING doomed WHERE d.depends_on_id = doomed.id
-)
-DELETE FROM conveyor_job AS j USING doomed WHERE j.id = doomed.id
-"""
-
-NOTIFY = "SELECT pg_notify(%(channel)s, %(queue)s)"
-
-# One tick of a periodic schedule: the job and the schedule's advance commit
-# together or not at all. The row guard (enabled, next_tick_at = the tick the
-# caller computed from) makes a racing or stale scheduler write nothing; the
-# tick's idempotency key makes a second job for the same tick impossible even
-# if a row was reset by hand. SKIP LOCKED: a scheduler never waits for another.
-CRON_ROW_GUARD = """
-WITH due AS (
-    SELECT id FROM conveyor_cron
-    WHERE id = %(cron_id)s AND enabled AND next_tick_at = %(expected)s
-    FOR UPDATE SKIP LOCKED
-)"""
-
-CRON_ENQUEUE = f"""{CRON_ROW_GUARD}, inserted AS (
-    INSERT INTO conveyor_job (
-        task_path, args, kwargs, queue, backend, priority, state, attempt, max_attempts,
-        run_after, enqueued_run_after, lease_version, idempotency_key, errors, enqueued_at
-    )
-    SELECT %(task_path)s, %(args)s::jsonb, %(kwargs)s::jsonb, %(queue)s, %(backend)s,
-           %(priority)s, 'available', 0, %(max_attempts)s, %(tick)s, %(tick)s, 0, %(key)s,
-           '[]'::jsonb, now()
-    FROM due
-    ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-    RETURNING id, queue, run_after
-), advanced AS (
-    UPDATE conveyor_cron AS c
-    SET last_tick_at = %(tick)s, next_tick_at = %(next_tick)s,
-        last_job_id = COALESCE(
-            (SELECT id FROM inserted),
-            (SELECT id FROM conveyor_job WHERE idempotency_key = %(key)s))
-    FROM due
-    WHERE c.id = due.id
-    RETURNING c.last_job_id
-)
-SELECT a.last_job_id, i.id IS NOT NULL,
-       CASE WHEN %(notify)s AND i.run_after <= now() THEN pg_notify(%(channel)s, i.queue) END
-FROM advanced AS a LEFT JOIN inserted AS i ON true
-"""
-
-
-_GATE_ERROR = """jsonb_build_array(jsonb_build_object(
-        'attempt', j.attempt, 'worker', NULL, 'token', j.lease_version,
-        'exception_class_path', 'django_conveyor.exceptions.{cls}', 'traceback', {text},
-        'time', now()))"""
-
-# A gate waits while it is blocked with its upstream done. Each statement
-# that ends the wait (SIGNAL, CONDITION_MET, GATE_TIMEOUT) is guarded by it
-# under the gate's row lock, so the first to come ends it and the others
-# match no row: a gate's wait ends once.
-_GATE_WAITS = "j.state = 'blocked' AND j.pending_dependencies = 0"
-
-SIGNAL = f"""
-UPDATE conveyor_job AS j
-SET state = CASE WHEN %(reject)s THEN 'failed' ELSE 'completed' END,
-    return_value = CASE WHEN %(reject)s THEN NULL ELSE %(payload)s::jsonb END,
-    finished_at = now(), gate_deadline = NULL,
-    errors = CASE WHEN %(reject)s THEN j.errors || {
-    _GATE_ERROR.format(
-        cls="SignalRejected",
-        text="'The signal ' || (j.gate ->> 'signal') || ' was rejected by ' || %(actor)s::text"
-        " || COALESCE(': ' || %(reason)s::text, '.')",
-    )
-} ELSE j.errors END,
-    history = j.history || {
-    _history(
-        "signal", "CASE WHEN %(reject)s THEN 'rejected ' ELSE 'sent ' END || (j.gate ->> 'signal')"
-    )
-}
-WHERE j.id = %(id)s AND {_GATE_WAITS}
-  AND j.gate ->> 'kind' = 'signal' AND j.gate ->> 'signal' = %(name)s
-RETURNING j.id, j.state
-"""
-
-# A plain read after a SIGNAL that matched no row, to say why.
-GATE_STATE = "SELECT state, pending_dependencies, gate FROM conveyor_job WHERE id = %(id)s"
-
-# The gates service checked these conditions under the gates' row locks: a
-# row matched (its pk is the result), or the condition could not be evaluated.
-CONDITION_MET = f"""
-UPDATE conveyor_job AS j
-SET state = CASE WHEN h.error IS NULL THEN 'completed' ELSE 'failed' END,
-    return_value = CASE WHEN h.error IS NULL THEN jsonb_build_object('matched', h.matched) END,
-    finished_at = now(), gate_deadline = NULL,
-    errors = CASE WHEN h.error IS NULL THEN j.errors ELSE j.errors || {
-    _GATE_ERROR.format(cls="ConditionInvalid", text="h.error")
-} END
-FROM jsonb_to_recordset(%(rows)s::jsonb) AS h(id bigint, matched jsonb, error text)
-WHERE j.id = h.id AND {_GATE_WAITS} AND j.gate ->> 'kind' = 'condition'
-RETURNING j.id, j.state
-"""
-
-_ENDS_WELL = "(j.gate ->> 'kind' = 'sleep' OR j.gate ->> 'on_timeout' = 'continue')"
-
-# Due gates through conveyor_job_gate_due_idx, on the database's clock. A
-# timer completes; a timeout completes with the marker ('continue') or fails.
-# SKIP LOCKED: a gate a signal holds is left to it (it ends the wait first).
-GATE_TIMEOUT = f"""
-WITH due AS (
-    SELECT id FROM conveyor_job
-    WHERE state = 'blocked' AND gate_deadline <= now()
-    ORDER BY gate_deadline
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
-)
-UPDATE conveyor_job AS j
-SET state = CASE WHEN {_ENDS_WELL} THEN 'completed' ELSE 'failed' END,
-    return_value = CASE
-        WHEN j.gate ->> 'kind' = 'sleep' THEN jsonb_build_object('slept_until', j.gate_deadline)
-        WHEN j.gate ->> 'on_timeout' = 'continue'
-        THEN jsonb_build_object('timed_out', true, 'deadline', j.gate_deadline) END,
-    finished_at = now(), gate_deadline = NULL,
-    errors = CASE WHEN {_ENDS_WELL} THEN j.errors ELSE j.errors || {
-    _GATE_ERROR.format(
-        cls="GateTimedOut",
-        text="'The gate timed out at ' || j.gate_deadline || ' without its '"
-        " || COALESCE('signal ' || (j.gate ->> 'signal'), 'condition') || '.'",
-    )
-} END
-FROM due
-WHERE j.id = due.id AND {_GATE_WAITS}
-RETURNING j.id, j.state, j.task_path, j.queue
-"""
-
-# A resumable step's record, inside the attempt's guarded transaction (after
-# LOCK_FOR_EFFECT), fenced itself: a stale token inserts nothing. The unique
-# (job, effect key) keeps one record per step.
-CHECKPOINT = """
-INSERT INTO conveyor_ledger (job_id, effect_key, lease_version, worker, applied_at, value)
-SELECT j.id, %(key)s, j.lease_version, j.lease_owner, now(), %(value)s::jsonb
-FROM conveyor_job AS j
-WHERE j.id = %(id)s AND j.state = 'running'
-  AND j.lease_owner = %(owner)s AND j.lease_version = %(version)s
-ON CONFLICT (job_id, effect_key) DO NOTHING
-RETURNING id
-"""
-
-RECORDED_STEP = "SELECT value FROM conveyor_ledger WHERE job_id = %(id)s AND effect_key = %(key)s"
-
-
-class Cursor(Protocol):
-    """What the protocol needs of a cursor: Django's wrapper or psycopg's."""
-
-    rowcount: int
-
-    def execute(self, query: Any, params: Any = ...) -> Any: ...
-
-    def fetchall(self) -> list[Any]: ...
-
-
-@dataclass(frozen=True, slots=True)
-class NewJob:
-    task_path: str
-    args: list[Any]
-    kwargs: dict[str, Any]
-    queue: str
-    backend: str
-    priority: int
-    max_attempts: int
-    run_after: datetime | None = None
-    idempotency_key: str | None = None
-    depends_on: tuple[int, ...] = ()  # Job ids in the same database, already enqueued.
-    dependency_policy: str = "cancel"  # Or "run": run once every dependency is final.
-    gate: dict[str, Any] | None = None  # A gate's definition (gates.py); None: a job to run.
-
-
-@dataclass(frozen=True, slots=True)
-class Enqueued:
-    id: int
-    enqueued_at: datetime
-    run_after: datetime
-    created: bool  # False when the idempotency key already named a job.
-    state: str = JobState.AVAILABLE  # blocked when it waits for dependencies.
-
-
-class Lease(NamedTuple):
-    """A claimed job as the worker holds it: the row plus its fencing token.
-
-    The token is (`owner`, `version`): every later write about this attempt is
-    guarded by both, and the Lease carries them unchanged from CLAIM to that write.
-    A named tuple, not a frozen dataclass: just as immutable, and built from a
-    claimed row about seven times faster (one per job on the control loop).
-    """
-
-    id: int
-    task_path: str
-    args: list[Any]
-    kwargs: dict[str, Any]
-    queue: str
-    backend: str
-    priority: int
-    attempt: int
-    max_attempts: int
-    version: int  # The fencing token's version: lease_version after this claim.
-    idempotency_key: str | None
-    enqueued_at: datetime
-    started_at: datetime  # The claim's database time.
-    owner: str  # The fencing token's owner: the claiming worker's id.
-    pickup_delay: float  # Seconds from when the job was due (enqueued or run_after) to now.
-    errors: list[dict[str, Any]] | None  # Entries of earlier attempts; None when none.
-    isolated: bool  # Taken by CLAIM_ISOLATED: it runs without claim-ahead siblings.
-    enqueued_run_after: datetime | None  # run_after as enqueued; None: not deferred.
-
-
-@dataclass(frozen=True, slots=True)
-class Reaped:
-    id: int
-    state: str
-    task_path: str
-    queue: str
-    attempt: int
-    owner: str | None
-    version: int
-
-
-def _json(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"))
 
 
 def enqueue(cursor: Cursor, jobs: Sequence[NewJob], *, notify: bool) -> list[Enqueued]:
@@ -939,11 +324,42 @@ def enqueue(cursor: Cursor, jobs: Sequence[NewJob], *, notify: bool) -> list[Enq
                 id_, at, after, _ = by_key[key]
             else:
                 id_, _, at, after, task_path, args, kwargs, queue = existing[key]
-                args, kwargs = _loaded(args), _loaded(kwargs)
+                args, kwargs = loaded(args), loaded(kwargs)
                 _check_same_operation(key, id_, job, task_path, args, kwargs, queue)
             results.append(Enqueued(id_, at, after, created=False))
     _add_edges(cursor, jobs, results)
     return results
+
+
+def _check_same_operation(
+    key: str, job_id: int, job: NewJob, task_path: str, args: Any, kwargs: Any, queue: str
+) -> None:
+    differs = [
+        name
+        for name, mine, theirs in (
+            ("task", job.task_path, task_path),
+            ("arguments", (job.args, job.kwargs), (args, kwargs)),
+            ("queue", job.queue, queue),
+        )
+        if mine != theirs
+    ]
+    if differs:
+        raise IdempotencyKeyReused(
+            f"Idempotency key {key!r} already names job {job_id} ({task_path} on queue "
+            f"{queue!r}) that differs in its {' and '.join(differs)}; a key names one "
+            "operation, so use a new key for a different call.",
+            job_id=job_id,
+            key=key,
+        )
+
+
+# Read by ENQUEUE before it writes: the dependencies' states, share-locked
+# until the caller commits, so a dependency cannot complete (or fail) between
+# this read and the new edges' commit without its UNBLOCK seeing them. In id
+# order, so two enqueues sharing dependencies never deadlock.
+LOCK_DEPENDENCIES = """
+SELECT id, state FROM conveyor_job WHERE id = ANY(%(ids)s) ORDER BY id FOR SHARE
+"""
 
 
 def lock_dependencies(cursor: Cursor, ids: Iterable[int]) -> dict[int, str]:
@@ -985,6 +401,14 @@ def pending_dependencies(cursor: Cursor, jobs: Sequence[NewJob]) -> list[int]:
     return pending
 
 
+# Part of ENQUEUE: the edges of the jobs it created, in the same transaction.
+ENQUEUE_DEPENDENCIES = """
+INSERT INTO conveyor_dependency (job_id, depends_on_id)
+SELECT * FROM unnest(%(job_ids)s::bigint[], %(depends_on_ids)s::bigint[])
+ON CONFLICT DO NOTHING
+"""
+
+
 def _add_edges(cursor: Cursor, jobs: Sequence[NewJob], results: Sequence[Enqueued]) -> None:
     job_ids: list[int] = []
     depends_on_ids: list[int] = []
@@ -997,31 +421,90 @@ def _add_edges(cursor: Cursor, jobs: Sequence[NewJob], results: Sequence[Enqueue
         cursor.execute(ENQUEUE_DEPENDENCIES, {"job_ids": job_ids, "depends_on_ids": depends_on_ids})
 
 
-def _loaded(value: Any) -> Any:
-    """jsonb as Python: Django's cursors hand it over as text, psycopg's decoded."""
-    return json.loads(value) if isinstance(value, str) else value
+# -- Claim: ready jobs, each with a new fencing token ----------------------------------------------
 
 
-def _check_same_operation(
-    key: str, job_id: int, job: NewJob, task_path: str, args: Any, kwargs: Any, queue: str
-) -> None:
-    differs = [
-        name
-        for name, mine, theirs in (
-            ("task", job.task_path, task_path),
-            ("arguments", (job.args, job.kwargs), (args, kwargs)),
-            ("queue", job.queue, queue),
-        )
-        if mine != theirs
-    ]
-    if differs:
-        raise IdempotencyKeyReused(
-            f"Idempotency key {key!r} already names job {job_id} ({task_path} on queue "
-            f"{queue!r}) that differs in its {' and '.join(differs)}; a key names one "
-            "operation, so use a new key for a different call.",
-            job_id=job_id,
-            key=key,
-        )
+class Lease(NamedTuple):
+    """A claimed job as the worker holds it: the row plus its fencing token.
+
+    The token is (`owner`, `version`): every later write about this attempt is
+    guarded by both, and the Lease carries them unchanged from CLAIM to that write.
+    A named tuple, not a frozen dataclass: just as immutable, and built from a
+    claimed row about seven times faster (one per job on the control loop).
+    """
+
+    id: int
+    task_path: str
+    args: list[Any]
+    kwargs: dict[str, Any]
+    queue: str
+    backend: str
+    priority: int
+    attempt: int
+    max_attempts: int
+    version: int  # The fencing token's version: lease_version after this claim.
+    idempotency_key: str | None
+    enqueued_at: datetime
+    started_at: datetime  # The claim's database time.
+    owner: str  # The fencing token's owner: the claiming worker's id.
+    pickup_delay: float  # Seconds from when the job was due (enqueued or run_after) to now.
+    errors: list[dict[str, Any]] | None  # Entries of earlier attempts; None when none.
+    isolated: bool  # Taken by CLAIM_ISOLATED: it runs without claim-ahead siblings.
+    enqueued_run_after: datetime | None  # run_after as enqueued; None: not deferred.
+
+
+# Both halves keep their cost in proportion to the batch, not the table:
+# - the paused queues are taken out of the worker's list once, before the
+#   scan, so it walks conveyor_job_claim_idx in claim order and stops after
+#   `limit` rows (a per-row paused filter, `queue <> ALL(ARRAY(...))` or a
+#   NOT EXISTS that meets statistics of conveyor_queue, makes the planner
+#   expect one matching row and sort every ready row instead);
+# - a worker of one queue names it as a constant (the planner folds the
+#   `cardinality(...) <> 1 OR ...` test), so it walks conveyor_job_claim_queue_idx
+#   and is not slowed by ready rows of other queues ahead of its own;
+# - the update finds the picked rows by primary key (`id = ANY(ARRAY(...))`),
+#   where a join to the CTE may become a hash join over the whole table once
+#   the batch is a few hundred rows;
+# - the claimed rows come back in claim order, sorting only the batch.
+def _claim(which: str, limit: str) -> str:
+    """A claim statement: pick ready rows (`which` of them, up to `limit`), give each a token."""
+    return f"""
+WITH picked AS (
+    SELECT id FROM conveyor_job
+    WHERE state = 'available'
+      AND run_after <= now()
+      AND queue = ANY(ARRAY(
+          SELECT s.name FROM unnest(%(queues)s::text[]) AS s(name)
+          WHERE NOT EXISTS (SELECT 1 FROM conveyor_queue AS q WHERE q.name = s.name AND q.paused)
+      ))
+      AND (cardinality(%(queues)s::text[]) <> 1 OR queue = (%(queues)s::text[])[1])
+      AND {which}
+    ORDER BY priority DESC, run_after, id
+    LIMIT {limit}
+    FOR UPDATE SKIP LOCKED
+), claimed AS (
+    UPDATE conveyor_job AS j
+    SET state = 'running',
+        attempt = j.attempt + 1,
+        lease_owner = %(owner)s,
+        lease_version = j.lease_version + 1,
+        lease_expires_at = now() + make_interval(secs => %(lease)s),
+        started_at = now()
+    WHERE j.id = ANY(ARRAY(SELECT id FROM picked))
+    RETURNING j.*
+)
+SELECT id, task_path, args, kwargs, queue, backend, priority, attempt, max_attempts,
+       lease_version, idempotency_key, enqueued_at, started_at, lease_owner,
+       extract(epoch FROM started_at - greatest(enqueued_at, run_after))::float8,
+       NULLIF(errors, '[]'::jsonb), isolated, enqueued_run_after
+FROM claimed
+ORDER BY priority DESC, run_after, id
+"""
+
+
+# NOT isolated is a filter on the claim index (whose predicate is state alone):
+# isolated rows are few, and they wait for CLAIM_ISOLATED.
+CLAIM = _claim("NOT isolated", "%(limit)s")
 
 
 def claim(
@@ -1036,6 +519,17 @@ def claim(
         CLAIM, {"queues": list(queues), "limit": limit, "owner": owner, "lease": lease_seconds}
     )
     return list(map(Lease._make, cursor.fetchall()))
+
+
+# One job, in a statement of its own. The NOT EXISTS reads the worker's
+# running isolated rows (at most one) through conveyor_job_isolated_held_idx.
+CLAIM_ISOLATED = _claim(
+    """isolated
+      AND NOT EXISTS (
+          SELECT 1 FROM conveyor_job AS mine
+          WHERE mine.state = 'running' AND mine.isolated AND mine.lease_owner = %(owner)s)""",
+    "1",
+)
 
 
 def claim_isolated(
@@ -1053,6 +547,19 @@ def claim_isolated(
     return list(map(Lease._make, cursor.fetchall()))
 
 
+# -- Outcomes: what the holder of a lease writes, under its token ----------------------------------
+
+
+_HELD = "FROM jsonb_to_recordset(%(held)s::jsonb) AS h(id bigint, version bigint"
+
+
+def _guarded(cursor: Cursor, sql: str, owner: str, held: list[dict[str, Any]]) -> set[int]:
+    if not held:
+        return set()
+    cursor.execute(sql, {"held": _json(held), "owner": owner})
+    return {row[0] for row in cursor.fetchall()}
+
+
 class Renewed(set[int]):
     """The ids HEARTBEAT renewed; `cancel_requested` are those an operator asked to stop.
 
@@ -1065,6 +572,38 @@ class Renewed(set[int]):
         super().__init__(id_ for id_, _ in rows)
         self.cancel_requested = frozenset(id_ for id_, requested in rows if requested)
         self.locked = frozenset(locked)
+
+
+# SKIP LOCKED: a row locked by the worker's own open context.atomic() must not
+# stall the heartbeat of every other lease; the lock itself keeps the reaper off.
+# A renewed job with a cancel request is reported, so its holder can stop it.
+HEARTBEAT = """
+WITH renew AS (
+    SELECT j.id
+    FROM conveyor_job AS j
+    JOIN jsonb_to_recordset(%(held)s::jsonb) AS h(id bigint, version bigint)
+      ON j.id = h.id AND j.lease_version = h.version
+    WHERE j.state = 'running' AND j.lease_owner = %(owner)s
+    FOR UPDATE OF j SKIP LOCKED
+)
+UPDATE conveyor_job AS j
+SET lease_expires_at = now() + make_interval(secs => %(lease)s)
+FROM renew
+WHERE j.id = renew.id
+RETURNING j.id, j.cancel_requested_at IS NOT NULL
+"""
+
+
+# A plain read, no lock, only when HEARTBEAT missed some of the held rows:
+# SKIP LOCKED also skips a row that another worker's CLAIM has just locked
+# and then rejected (PostgreSQL keeps that lock until the claim commits).
+# A row that still carries this worker's token is held, not lost.
+STILL_HELD = """
+SELECT j.id FROM conveyor_job AS j
+JOIN jsonb_to_recordset(%(held)s::jsonb) AS h(id bigint, version bigint)
+  ON j.id = h.id AND j.lease_version = h.version
+WHERE j.state = 'running' AND j.lease_owner = %(owner)s
+"""
 
 
 def heartbeat(
@@ -1093,6 +632,17 @@ def heartbeat(
     return Renewed(rows, locked=[row[0] for row in cursor.fetchall()])
 
 
+COMPLETE = f"""
+UPDATE conveyor_job AS j
+SET state = 'completed', return_value = h.return_value, finished_at = now(),
+    lease_expires_at = NULL, isolated = false
+{_HELD}, return_value jsonb)
+WHERE j.id = h.id AND j.state = 'running'
+  AND j.lease_owner = %(owner)s AND j.lease_version = h.version
+RETURNING j.id
+"""
+
+
 def complete(
     cursor: Cursor, *, owner: str, done: Iterable[tuple[int, int, Any]], notify: bool = True
 ) -> set[int]:
@@ -1107,6 +657,439 @@ def complete(
     return written
 
 
+RECORD_RESULT = f"""
+UPDATE conveyor_job AS j
+SET return_value = h.return_value
+{_HELD}, return_value jsonb)
+WHERE j.id = h.id AND j.state = 'completed'
+  AND j.lease_owner = %(owner)s AND j.lease_version = h.version
+RETURNING j.id
+"""
+
+
+def record_result(cursor: Cursor, *, owner: str, done: Iterable[tuple[int, int, Any]]) -> set[int]:
+    """Store return values of jobs this token already completed in context.atomic()."""
+    held = [{"id": i, "version": v, "return_value": r} for i, v, r in done if r is not None]
+    return _guarded(cursor, RECORD_RESULT, owner, held)
+
+
+_ERROR_ENTRY = _error_entry("h.error")  # The worker's entry for the attempt (error_entry()).
+
+
+RETRY = f"""
+UPDATE conveyor_job AS j
+SET state = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
+                 WHEN j.attempt >= j.max_attempts THEN 'dead' ELSE 'available' END,
+    run_after = now() + make_interval(secs => h.delay),
+    finished_at = CASE WHEN j.cancel_requested_at IS NOT NULL
+                         OR j.attempt >= j.max_attempts THEN now() END,
+    errors = j.errors || {_ERROR_ENTRY},
+    lease_owner = NULL, lease_expires_at = NULL, isolated = false
+{_HELD}, delay float8, error jsonb)
+WHERE j.id = h.id AND j.state = 'running'
+  AND j.lease_owner = %(owner)s AND j.lease_version = h.version
+RETURNING j.id, j.state
+"""
+
+
+def retry(
+    cursor: Cursor, *, owner: str, failures: Iterable[tuple[int, int, float, dict[str, Any]]]
+) -> dict[int, str]:
+    """Return failed attempts to `available` after a delay, or `dead` when used up."""
+    held = [{"id": i, "version": v, "delay": d, "error": e} for i, v, d, e in failures]
+    if not held:
+        return {}
+    cursor.execute(RETRY, {"held": _json(held), "owner": owner})
+    states = {id_: state for id_, state in cursor.fetchall()}
+    cancel_dependents(cursor, ids=[i for i, state in states.items() if state == "dead"])
+    return states
+
+
+FAIL = f"""
+UPDATE conveyor_job AS j
+SET state = 'failed', finished_at = now(), errors = j.errors || {_ERROR_ENTRY},
+    lease_owner = NULL, lease_expires_at = NULL, isolated = false
+{_HELD}, error jsonb)
+WHERE j.id = h.id AND j.state = 'running'
+  AND j.lease_owner = %(owner)s AND j.lease_version = h.version
+RETURNING j.id
+"""
+
+
+def fail(
+    cursor: Cursor, *, owner: str, failures: Iterable[tuple[int, int, dict[str, Any]]]
+) -> set[int]:
+    """Move jobs to `failed` at once (the handler said never retry)."""
+    held = [{"id": i, "version": v, "error": e} for i, v, e in failures]
+    failed = _guarded(cursor, FAIL, owner, held)
+    cancel_dependents(cursor, ids=failed)
+    return failed
+
+
+# RETRY, SNOOZE and RELEASE hand a running job back; one with a cancel
+# request ends cancelled instead, so that it never runs again (as REAP does):
+# the handler may have ended before its worker's heartbeat told it.
+_HAND_BACK = "CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled' ELSE 'available' END"
+
+
+_HANDED_BACK_AT = "CASE WHEN j.cancel_requested_at IS NOT NULL THEN now() END"
+
+
+# A note (a delay the worker capped) goes to history; without one, history is untouched.
+SNOOZE = f"""
+UPDATE conveyor_job AS j
+SET state = {_HAND_BACK}, finished_at = {_HANDED_BACK_AT}, attempt = j.attempt - 1,
+    run_after = now() + make_interval(secs => h.delay), lease_owner = NULL, lease_expires_at = NULL,
+    isolated = false,
+    history = CASE WHEN h.note IS NULL THEN j.history
+                   ELSE j.history || {_history("snooze_capped", "h.note")} END
+{_HELD}, delay float8, note text)
+WHERE j.id = h.id AND j.state = 'running'
+  AND j.lease_owner = %(owner)s AND j.lease_version = h.version
+RETURNING j.id
+"""
+
+
+def snooze(
+    cursor: Cursor,
+    *,
+    owner: str,
+    snoozed: Iterable[tuple[int, int, float, str | None]],
+    actor: str = DEFAULT_ACTOR,
+) -> set[int]:
+    """Run jobs again after a delay, giving back the attempt they used.
+
+    Each row is (id, version, delay, note); a note (a delay that was capped)
+    is appended to the job's history under `actor`.
+    """
+    held = [{"id": i, "version": v, "delay": d, "note": n} for i, v, d, n in snoozed]
+    if not held:
+        return set()
+    cursor.execute(SNOOZE, {"held": _json(held), "owner": owner, "actor": actor})
+    return {row[0] for row in cursor.fetchall()}
+
+
+# The handler did not finish: an isolated job stays isolated.
+RELEASE = f"""
+UPDATE conveyor_job AS j
+SET state = {_HAND_BACK}, finished_at = {_HANDED_BACK_AT}, attempt = j.attempt - 1,
+    lease_owner = NULL, lease_expires_at = NULL
+{_HELD})
+WHERE j.id = h.id AND j.state = 'running'
+  AND j.lease_owner = %(owner)s AND j.lease_version = h.version
+RETURNING j.id
+"""
+
+
+def release(cursor: Cursor, *, owner: str, held: Iterable[tuple[int, int]]) -> set[int]:
+    """Hand leases back at once (graceful shutdown); the attempt is not counted."""
+    rows = [{"id": i, "version": v} for i, v in held]
+    return _guarded(cursor, RELEASE, owner, rows)
+
+
+_CANCELLED_HELD_ENTRY = _error_entry("""jsonb_build_object(
+        'exception_class_path', 'django_conveyor.exceptions.Cancelled',
+        'traceback', 'Cancelled while running, at the request of '
+            || j.cancel_requested_by || '.')""")
+
+CANCEL_HELD = f"""
+UPDATE conveyor_job AS j
+SET state = 'cancelled', finished_at = now(),
+    errors = j.errors || {_CANCELLED_HELD_ENTRY},
+    history = j.history || {
+    _history("cancel_held", "'stopped while running, as ' || j.cancel_requested_by || ' asked'")
+},
+    lease_owner = NULL, lease_expires_at = NULL, isolated = false
+{_HELD})
+WHERE j.id = h.id AND j.state = 'running'
+  AND j.lease_owner = %(owner)s AND j.lease_version = h.version
+  AND j.cancel_requested_at IS NOT NULL
+RETURNING j.id
+"""
+
+
+def cancel_held(
+    cursor: Cursor, *, owner: str, held: Iterable[tuple[int, int]], actor: str = DEFAULT_ACTOR
+) -> set[int]:
+    """The holder honours cancel requests: its jobs become `cancelled`.
+
+    Guard: state running, owner and version (the token), and a cancel
+    request. Zero rows means the lease was lost, or there was no request.
+    """
+    rows = [{"id": i, "version": v} for i, v in held]
+    if not rows:
+        return set()
+    cursor.execute(CANCEL_HELD, {"held": _json(rows), "owner": owner, "actor": actor})
+    cancelled = {row[0] for row in cursor.fetchall()}
+    cancel_dependents(cursor, ids=cancelled)
+    return cancelled
+
+
+# The bound on a guarded transaction (context.atomic()), set before its lock.
+# A worker frozen (SIGSTOP) or hung inside it would otherwise keep the job's
+# row lock, which REAP skips, for ever. PostgreSQL cancels a statement that
+# runs longer than statement_timeout (the transaction aborts and its locks
+# go at once) and terminates a session idle in its transaction for longer
+# than idle_in_transaction_session_timeout (rolled back, locks released, the
+# zombie's next statement and its commit fail). is_local: both settings end
+# with the transaction, as SET LOCAL, so they also hold behind a pooler.
+BOUND_TRANSACTION = """
+SELECT set_config('statement_timeout', %(ms)s, true),
+       set_config('idle_in_transaction_session_timeout', %(ms)s, true)
+"""
+
+
+def bound_transaction(cursor: Cursor, *, seconds: float) -> None:
+    """End this transaction if a statement runs, or it idles, for longer than `seconds`."""
+    cursor.execute(BOUND_TRANSACTION, {"ms": str(max(1, round(seconds * 1000)))})
+
+
+# A cancel request refuses the lock: no effect commits after an operator's cancel.
+LOCK_FOR_EFFECT = """
+SELECT id FROM conveyor_job
+WHERE id = %(id)s AND state = 'running'
+  AND lease_owner = %(owner)s AND lease_version = %(version)s
+  AND cancel_requested_at IS NULL
+FOR UPDATE
+"""
+
+
+def lock_for_effect(cursor: Cursor, *, job_id: int, owner: str, version: int) -> bool:
+    """Lock the job row for the caller's transaction if the token still holds it.
+
+    False when the token lost the job or an operator asked to cancel it.
+    """
+    cursor.execute(LOCK_FOR_EFFECT, {"id": job_id, "owner": owner, "version": version})
+    return bool(cursor.fetchall())
+
+
+# -- Maintenance: any worker, on any worker's jobs -------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Reaped:
+    id: int
+    state: str
+    task_path: str
+    queue: str
+    attempt: int
+    owner: str | None
+    version: int
+
+
+_REAPED_ENTRY = _error_entry("""jsonb_build_object(
+        'exception_class_path', CASE WHEN j.cancel_requested_at IS NOT NULL
+            THEN 'django_conveyor.exceptions.Cancelled'
+            ELSE 'django_conveyor.exceptions.LeaseLost' END,
+        'traceback', 'The lease expired at ' || j.lease_expires_at || CASE
+            WHEN j.cancel_requested_at IS NOT NULL
+            THEN ' after a cancel request by ' || j.cancel_requested_by
+                || '; the reaper cancelled the job.'
+            ELSE ' without a heartbeat; the job was taken back by the reaper.' END)""")
+
+REAP = f"""
+WITH expired AS (
+    SELECT id, lease_owner FROM conveyor_job
+    WHERE state = 'running' AND lease_expires_at < now()
+    ORDER BY lease_expires_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE conveyor_job AS j
+SET state = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
+                 WHEN j.attempt >= j.max_attempts THEN 'dead' ELSE 'available' END,
+    finished_at = CASE WHEN j.cancel_requested_at IS NOT NULL
+                         OR j.attempt >= j.max_attempts THEN now() END,
+    run_after = now(),
+    lease_owner = NULL,
+    lease_expires_at = NULL,
+    -- It may have killed its worker: back to available, it runs alone.
+    isolated = (j.cancel_requested_at IS NULL AND j.attempt < j.max_attempts),
+    errors = j.errors || {_REAPED_ENTRY}
+FROM expired
+WHERE j.id = expired.id
+RETURNING j.id, j.state, j.task_path, j.queue, j.attempt, expired.lease_owner, j.lease_version
+"""
+
+
+def reap(cursor: Cursor, *, limit: int = 500) -> list[Reaped]:
+    """Take back expired leases: to `available`, `dead` when attempts are used up,
+    or `cancelled` when an operator asked to cancel the job."""
+    cursor.execute(REAP, {"limit": limit})
+    reaped = [Reaped(*row) for row in cursor.fetchall()]
+    cancel_dependents(cursor, ids=[r.id for r in reaped if r.state in UNSUCCESSFUL_STATES])
+    return reaped
+
+
+PRUNE = """
+WITH doomed AS (
+    SELECT id FROM conveyor_job
+    WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
+      AND finished_at < now() - make_interval(secs => %(older_than)s)
+      AND queue = ANY(%(queues)s)
+    ORDER BY finished_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), ledger AS (
+    -- The foreign keys cascade in Django, not in the database: delete here.
+    DELETE FROM conveyor_ledger AS l USING doomed WHERE l.job_id = doomed.id
+), edges_in AS (
+    DELETE FROM conveyor_dependency AS d USING doomed WHERE d.job_id = doomed.id
+), edges_out AS (
+    DELETE FROM conveyor_dependency AS d USING doomed WHERE d.depends_on_id = doomed.id
+)
+DELETE FROM conveyor_job AS j USING doomed WHERE j.id = doomed.id
+"""
+
+
+def prune(cursor: Cursor, *, older_than_seconds: float, queues: Sequence[str], limit: int) -> int:
+    """Delete up to `limit` finished jobs older than the retention window."""
+    cursor.execute(
+        PRUNE, {"older_than": older_than_seconds, "queues": list(queues), "limit": limit}
+    )
+    return cursor.rowcount
+
+
+# -- Operators: requeue and cancel, for the admin, the CLI, the API and code -----------------------
+
+
+# A job with dependencies comes back `blocked` and REBLOCK_DEPENDENTS counts
+# them. One whose dependency (policy 'cancel') is itself failed, dead or
+# cancelled is refused: requeue that dependency, and this job follows.
+REQUEUE = f"""
+UPDATE conveyor_job AS j
+SET state = CASE WHEN EXISTS (SELECT 1 FROM conveyor_dependency AS d WHERE d.job_id = j.id)
+                      OR j.gate IS NOT NULL
+                 THEN 'blocked' ELSE 'available' END,
+    gate_deadline = {
+    _armed_deadline(
+        "j", "NOT EXISTS (SELECT 1 FROM conveyor_dependency AS d WHERE d.job_id = j.id)", "NULL"
+    )
+},
+    attempt = 0, run_after = now(), finished_at = NULL,
+    lease_expires_at = NULL, return_value = NULL, isolated = false,
+    cancel_requested_at = NULL, cancel_requested_by = NULL,
+    history = j.history || {_history("requeue", "'was ' || j.state")}
+WHERE j.id = ANY(%(ids)s) AND j.state IN ('failed', 'dead', 'cancelled')
+  AND NOT (j.dependency_policy = 'cancel' AND EXISTS (
+      SELECT 1 FROM conveyor_dependency AS d JOIN conveyor_job AS p ON p.id = d.depends_on_id
+      WHERE d.job_id = j.id AND p.state IN ('failed', 'dead', 'cancelled')))
+RETURNING j.id, j.queue
+"""
+
+
+NOTIFY = "SELECT pg_notify(%(channel)s, %(queue)s)"
+
+
+def requeue(
+    cursor: Cursor, *, ids: Sequence[int], notify: bool = True, actor: str = DEFAULT_ACTOR
+) -> list[int]:
+    """Give failed, dead or cancelled jobs a fresh set of attempts.
+
+    Guard: state failed, dead or cancelled, and no dependency (policy
+    'cancel') failed, dead or cancelled; other ids are left alone and
+    missing from the result. Clears a cancel request; notes it in history.
+    A job with dependencies comes back `blocked` until they complete, and
+    the dependents its failure cancelled come back too (REBLOCK_DEPENDENTS).
+    """
+    cursor.execute(REQUEUE, {"ids": list(ids), "actor": actor})
+    rows = cursor.fetchall()
+    reblock_dependents(cursor, ids=[id_ for id_, _ in rows], notify=notify, actor=actor)
+    if notify:
+        for queue in sorted({queue for _, queue in rows}):
+            cursor.execute(NOTIFY, {"channel": NOTIFY_CHANNEL, "queue": queue})
+    return [id_ for id_, _ in rows]
+
+
+_CANCELLED_ENTRY = _error_entry(
+    """jsonb_build_object('exception_class_path', 'django_conveyor.exceptions.Cancelled',
+        'traceback', 'Cancelled before it ran, by ' || %(actor)s::text || '.')""",
+    ran=False,
+)
+
+CANCEL = f"""
+UPDATE conveyor_job AS j
+SET state = 'cancelled', finished_at = now(),
+    errors = j.errors || {_CANCELLED_ENTRY},
+    history = j.history || {_history("cancel", "'was ' || j.state")}
+WHERE j.id = ANY(%(ids)s) AND j.state IN ('blocked', 'available')
+RETURNING j.id
+"""
+
+
+def cancel(cursor: Cursor, *, ids: Sequence[int], actor: str = DEFAULT_ACTOR) -> list[int]:
+    """Cancel jobs that have not started (blocked or available).
+
+    Guard: state blocked or available; others are missing from the result.
+    """
+    cursor.execute(CANCEL, {"ids": list(ids), "actor": actor})
+    cancelled = [row[0] for row in cursor.fetchall()]
+    cancel_dependents(cursor, ids=cancelled)
+    return cancelled
+
+
+# Any token: the operator does not hold the lease. The first request stands.
+REQUEST_CANCEL = f"""
+UPDATE conveyor_job
+SET cancel_requested_at = now(), cancel_requested_by = %(actor)s::text,
+    history = history || {
+    _history(
+        "request_cancel",
+        "'running on ' || COALESCE(lease_owner, '?') || ' (token ' || lease_version || ')'",
+    )
+}
+WHERE id = ANY(%(ids)s) AND state = 'running' AND cancel_requested_at IS NULL
+RETURNING id
+"""
+
+
+def request_cancel(cursor: Cursor, *, ids: Sequence[int], actor: str = DEFAULT_ACTOR) -> list[int]:
+    """Ask the workers holding these running jobs to stop them; no state changes.
+
+    Guard: state running and no earlier request; any token. Zero rows means
+    the job is not running (any more) or was already asked to stop.
+    """
+    cursor.execute(REQUEST_CANCEL, {"ids": list(ids), "actor": actor})
+    return [row[0] for row in cursor.fetchall()]
+
+
+# -- Workflows: dependents settled in the transaction of their dependency's end --------------------
+
+
+# Dependents are locked in id order (two batches completing dependencies of
+# the same jobs never deadlock) and re-checked as blocked under the lock.
+_DEPENDENTS_OF = """
+WITH hits AS (
+    SELECT d.job_id, count(*) AS n, min(d.depends_on_id) AS first
+    FROM conveyor_dependency AS d
+    WHERE d.depends_on_id = ANY(%(ids)s)
+    GROUP BY d.job_id
+), locked AS (
+    SELECT j.id, hits.n, hits.first
+    FROM conveyor_job AS j JOIN hits ON j.id = hits.job_id
+    WHERE j.state = 'blocked'
+    ORDER BY j.id
+    FOR UPDATE OF j
+)"""
+
+
+_NOTIFY_AVAILABLE = """CASE WHEN %(notify)s AND j.state = 'available' AND j.run_after <= now()
+            THEN pg_notify(%(channel)s, j.queue) END"""
+
+
+UNBLOCK = f"""{_DEPENDENTS_OF}
+UPDATE conveyor_job AS j
+SET pending_dependencies = j.pending_dependencies - locked.n,
+    state = {_waits_or_runs("j", "j.pending_dependencies - locked.n > 0")},
+    run_after = CASE WHEN j.pending_dependencies - locked.n > 0 THEN j.run_after
+                     ELSE greatest(j.run_after, now()) END,
+    gate_deadline = {_armed_deadline("j", "j.pending_dependencies - locked.n <= 0", "NULL")}
+FROM locked
+WHERE j.id = locked.id
+RETURNING j.id, j.state, {_NOTIFY_AVAILABLE}
+"""
+
+
 def unblock(cursor: Cursor, *, ids: Iterable[int], notify: bool = True) -> list[int]:
     """Count these completed jobs off their blocked dependents; returns those now available.
 
@@ -1119,6 +1102,40 @@ def unblock(cursor: Cursor, *, ids: Iterable[int], notify: bool = True) -> list[
         return []
     cursor.execute(UNBLOCK, {"ids": ids, "notify": notify, "channel": NOTIFY_CHANNEL})
     return [id_ for id_, state, _ in cursor.fetchall() if state == "available"]
+
+
+DEPENDENCY_FAILED = "django_conveyor.exceptions.DependencyFailed"
+
+
+_DEPENDENCY_FAILED_ENTRY = _error_entry(
+    f"""jsonb_build_object('exception_class_path', '{DEPENDENCY_FAILED}',
+            'traceback', 'Dependency ' || e.id || ' (' || e.task_path || ') ended '
+                || e.state || '; this job was cancelled without running.',
+            'dependency', e.id)""",
+    ran=False,
+)
+
+CANCEL_DEPENDENTS = f"""{_DEPENDENTS_OF}
+UPDATE conveyor_job AS j
+SET state = CASE WHEN j.dependency_policy = 'cancel' THEN 'cancelled'
+                 WHEN j.pending_dependencies - locked.n > 0 OR j.gate IS NOT NULL THEN 'blocked'
+                 ELSE 'available' END,
+    gate_deadline = {
+    _armed_deadline(
+        "j", "j.dependency_policy = 'run' AND j.pending_dependencies - locked.n <= 0", "NULL"
+    )
+},
+    pending_dependencies = CASE WHEN j.dependency_policy = 'cancel' THEN j.pending_dependencies
+                                ELSE j.pending_dependencies - locked.n END,
+    finished_at = CASE WHEN j.dependency_policy = 'cancel' THEN now() END,
+    run_after = CASE WHEN j.dependency_policy = 'run' AND j.pending_dependencies - locked.n <= 0
+                     THEN greatest(j.run_after, now()) ELSE j.run_after END,
+    errors = CASE WHEN j.dependency_policy = 'run' THEN j.errors
+        ELSE j.errors || {_DEPENDENCY_FAILED_ENTRY} END
+FROM locked JOIN conveyor_job AS e ON e.id = locked.first
+WHERE j.id = locked.id
+RETURNING j.id, j.state, {_NOTIFY_AVAILABLE}
+"""
 
 
 def cancel_dependents(cursor: Cursor, *, ids: Iterable[int], notify: bool = True) -> list[int]:
@@ -1138,6 +1155,72 @@ def cancel_dependents(cursor: Cursor, *, ids: Iterable[int], notify: bool = True
         frontier = sorted(id_ for id_, state, _ in cursor.fetchall() if state == "cancelled")
         cancelled += frontier
     return cancelled
+
+
+# The candidates: the given jobs that REQUEUE made blocked, and their
+# dependents that a dependency's failure cancelled (the last error says so;
+# an operator's cancel leaves another) or that have policy 'run' and have not
+# started (their dependency is unfinished again). Their
+# dependencies are share-locked before the candidates are locked (a
+# dependency before its dependents, as COMPLETE then UNBLOCK do), so the
+# counts read the latest committed states and nothing changes them before
+# this commits. A job cancelled by a dependency stays cancelled while another
+# of its dependencies is failed, dead or cancelled.
+REBLOCK_DEPENDENTS = f"""
+WITH candidates AS (
+    SELECT j.id FROM conveyor_job AS j WHERE j.id = ANY(%(ids)s) AND j.state = 'blocked'
+    UNION
+    SELECT j.id
+    FROM conveyor_dependency AS d JOIN conveyor_job AS j ON j.id = d.job_id
+    WHERE d.depends_on_id = ANY(%(ids)s)
+      AND ((j.state IN ('blocked', 'available') AND j.dependency_policy = 'run')
+           OR (j.state = 'cancelled'
+               AND j.errors -> -1 ->> 'exception_class_path' = '{DEPENDENCY_FAILED}'))
+), upstream AS (
+    SELECT d.job_id, p.state
+    FROM candidates AS c
+    JOIN conveyor_dependency AS d ON d.job_id = c.id
+    JOIN conveyor_job AS p ON p.id = d.depends_on_id
+    ORDER BY p.id
+    FOR SHARE OF p
+), counted AS (
+    SELECT job_id,
+           count(*) FILTER (WHERE state <> 'completed') AS unfinished,
+           count(*) FILTER (
+               WHERE state NOT IN ('completed', 'failed', 'dead', 'cancelled')) AS unsettled
+    FROM upstream GROUP BY job_id
+), locked AS (
+    SELECT j.id, c.unfinished, c.unsettled
+    FROM conveyor_job AS j JOIN counted AS c ON j.id = c.job_id
+    ORDER BY j.id
+    FOR UPDATE OF j
+)
+UPDATE conveyor_job AS j
+SET pending_dependencies = CASE WHEN j.dependency_policy = 'run' THEN locked.unsettled
+                                ELSE locked.unfinished END,
+    state = CASE WHEN (CASE WHEN j.dependency_policy = 'run' THEN locked.unsettled
+                            ELSE locked.unfinished END) > 0 OR j.gate IS NOT NULL
+                 THEN 'blocked' ELSE 'available' END,
+    gate_deadline = {
+    _armed_deadline(
+        "j",
+        '''(CASE WHEN j.dependency_policy = 'run'
+        THEN locked.unsettled ELSE locked.unfinished END) = 0''',
+        "NULL",
+    )
+},
+    finished_at = NULL,
+    run_after = greatest(j.run_after, now()),
+    history = CASE WHEN j.state = 'blocked' THEN j.history ELSE j.history || jsonb_build_array(
+        jsonb_build_object('time', now(), 'actor', %(actor)s::text, 'action', 'reblock',
+                           'detail', 'a dependency was requeued, was ' || j.state)) END
+FROM locked
+WHERE j.id = locked.id
+  AND (j.state = 'blocked' OR (j.state = 'available' AND j.dependency_policy = 'run')
+       OR (j.state = 'cancelled' AND (j.dependency_policy = 'run'
+           OR locked.unfinished = locked.unsettled)))
+RETURNING j.id, j.state, {_NOTIFY_AVAILABLE}
+"""
 
 
 def reblock_dependents(
@@ -1166,147 +1249,247 @@ def reblock_dependents(
     return back
 
 
-def record_result(cursor: Cursor, *, owner: str, done: Iterable[tuple[int, int, Any]]) -> set[int]:
-    """Store return values of jobs this token already completed in context.atomic()."""
-    held = [{"id": i, "version": v, "return_value": r} for i, v, r in done if r is not None]
-    return _guarded(cursor, RECORD_RESULT, owner, held)
+# -- Gates: waits that end by a signal, a row condition or the clock; checkpoints ------------------
 
 
-def retry(
-    cursor: Cursor, *, owner: str, failures: Iterable[tuple[int, int, float, dict[str, Any]]]
-) -> dict[int, str]:
-    """Return failed attempts to `available` after a delay, or `dead` when used up."""
-    held = [{"id": i, "version": v, "delay": d, "error": e} for i, v, d, e in failures]
-    if not held:
+# A gate waits while it is blocked with its upstream done. Each statement
+# that ends the wait (SIGNAL, CONDITION_MET, GATE_TIMEOUT) is guarded by it
+# under the gate's row lock, so the first to come ends it and the others
+# match no row: a gate's wait ends once.
+_GATE_WAITS = "j.state = 'blocked' AND j.pending_dependencies = 0"
+
+
+def _gate_error_entry(exception: str, text: str) -> str:
+    """A gate's entry in `errors` (`exception` in django_conveyor.exceptions): it never ran."""
+    return _error_entry(
+        f"""jsonb_build_object('exception_class_path', 'django_conveyor.exceptions.{exception}',
+            'traceback', {text})""",
+        ran=False,
+    )
+
+
+_SIGNAL_REJECTED_ENTRY = _gate_error_entry(
+    "SignalRejected",
+    "'The signal ' || (j.gate ->> 'signal') || ' was rejected by ' || %(actor)s::text"
+    " || COALESCE(': ' || %(reason)s::text, '.')",
+)
+
+SIGNAL = f"""
+UPDATE conveyor_job AS j
+SET state = CASE WHEN %(reject)s THEN 'failed' ELSE 'completed' END,
+    return_value = CASE WHEN %(reject)s THEN NULL ELSE %(payload)s::jsonb END,
+    finished_at = now(), gate_deadline = NULL,
+    errors = CASE WHEN %(reject)s THEN j.errors || {_SIGNAL_REJECTED_ENTRY} ELSE j.errors END,
+    history = j.history || {
+    _history(
+        "signal", "CASE WHEN %(reject)s THEN 'rejected ' ELSE 'sent ' END || (j.gate ->> 'signal')"
+    )
+}
+WHERE j.id = %(id)s AND {_GATE_WAITS}
+  AND j.gate ->> 'kind' = 'signal' AND j.gate ->> 'signal' = %(name)s
+RETURNING j.id, j.state
+"""
+
+
+def signal(
+    cursor: Cursor,
+    *,
+    gate_id: int,
+    name: str,
+    payload: str | None,
+    reject: bool = False,
+    reason: str | None = None,
+    actor: str = DEFAULT_ACTOR,
+) -> str | None:
+    """End a signal gate's wait: completed with `payload` (JSON text), or failed (rejected).
+
+    Guard: the gate waits (blocked, its upstream done) for the signal `name`.
+    Its dependents are unblocked (or settled, on a rejection) in the same
+    transaction. Returns the gate's new state; None (zero rows) means it does
+    not wait for this signal now (`gate_state` tells why); nothing changed.
+    """
+    cursor.execute(
+        SIGNAL,
+        {"id": gate_id, "name": name, "payload": payload, "reject": reject, "reason": reason,
+         "actor": actor},
+    )  # fmt: skip
+    rows = cursor.fetchall()
+    if not rows:
+        return None
+    state = rows[0][1]
+    if state == "completed":
+        unblock(cursor, ids=[gate_id])
+    else:
+        cancel_dependents(cursor, ids=[gate_id])
+    return state
+
+
+# A plain read after a SIGNAL that matched no row, to say why.
+GATE_STATE = "SELECT state, pending_dependencies, gate FROM conveyor_job WHERE id = %(id)s"
+
+
+def gate_state(cursor: Cursor, *, gate_id: int) -> tuple[str, int, dict[str, Any] | None] | None:
+    """A job's state, pending count and gate definition (None: no such job)."""
+    cursor.execute(GATE_STATE, {"id": gate_id})
+    rows = cursor.fetchall()
+    if not rows:
+        return None
+    state, pending, gate = rows[0]
+    return state, pending, loaded(gate)
+
+
+# The waiting condition gates in id order, after the last one checked
+# (conveyor_job_gate_waiting_idx), or the ones named; locked, so that the
+# CONDITION_MET of what their check found is theirs alone.
+WAITING_CONDITIONS = """
+SELECT id, gate FROM conveyor_job
+WHERE state = 'blocked' AND gate IS NOT NULL AND (gate ->> 'kind') = 'condition'
+  AND pending_dependencies = 0 AND id > %(after)s
+  AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
+ORDER BY id
+LIMIT %(limit)s
+FOR UPDATE SKIP LOCKED
+"""
+
+
+def waiting_conditions(
+    cursor: Cursor, *, after: int, limit: int, ids: Sequence[int] | None = None
+) -> list[tuple[int, dict[str, Any]]]:
+    """Lock up to `limit` waiting condition gates after `after` (or of `ids`): (id, condition).
+
+    Rows another transaction holds are skipped: a later pass checks them.
+    """
+    cursor.execute(
+        WAITING_CONDITIONS,
+        {"after": after, "limit": limit, "ids": list(ids) if ids is not None else None},
+    )
+    return [(gate_id, loaded(gate)["condition"]) for gate_id, gate in cursor.fetchall()]
+
+
+_CONDITION_INVALID_ENTRY = _gate_error_entry("ConditionInvalid", "h.error")
+
+# The gates service checked these conditions under the gates' row locks: a
+# row matched (its pk is the result), or the condition could not be evaluated.
+CONDITION_MET = f"""
+UPDATE conveyor_job AS j
+SET state = CASE WHEN h.error IS NULL THEN 'completed' ELSE 'failed' END,
+    return_value = CASE WHEN h.error IS NULL THEN jsonb_build_object('matched', h.matched) END,
+    finished_at = now(), gate_deadline = NULL,
+    errors = CASE WHEN h.error IS NULL THEN j.errors ELSE j.errors || {_CONDITION_INVALID_ENTRY} END
+FROM jsonb_to_recordset(%(rows)s::jsonb) AS h(id bigint, matched jsonb, error text)
+WHERE j.id = h.id AND {_GATE_WAITS} AND j.gate ->> 'kind' = 'condition'
+RETURNING j.id, j.state
+"""
+
+
+def condition_met(cursor: Cursor, *, rows: Iterable[dict[str, Any]]) -> dict[int, str]:
+    """End condition gates: completed with `matched`, or failed with `error` (text).
+
+    Guard: the gate waits and is a condition. Call it under the gates' row
+    locks (`waiting_conditions` takes them before the check). Returns the new
+    state of each gate ended; a gate missing from it no longer waits.
+    """
+    rows = list(rows)
+    if not rows:
         return {}
-    cursor.execute(RETRY, {"held": _json(held), "owner": owner})
-    states = {id_: state for id_, state in cursor.fetchall()}
-    cancel_dependents(cursor, ids=[i for i, state in states.items() if state == "dead"])
+    cursor.execute(CONDITION_MET, {"rows": _json(rows)})
+    states = dict(cursor.fetchall())
+    unblock(cursor, ids=[i for i, state in states.items() if state == "completed"])
+    cancel_dependents(cursor, ids=[i for i, state in states.items() if state == "failed"])
     return states
 
 
-def fail(
-    cursor: Cursor, *, owner: str, failures: Iterable[tuple[int, int, dict[str, Any]]]
-) -> set[int]:
-    """Move jobs to `failed` at once (the handler said never retry)."""
-    held = [{"id": i, "version": v, "error": e} for i, v, e in failures]
-    failed = _guarded(cursor, FAIL, owner, held)
-    cancel_dependents(cursor, ids=failed)
-    return failed
+class GateEnded(NamedTuple):
+    id: int
+    state: str  # completed or failed.
+    task_path: str
+    queue: str
 
 
-def snooze(
-    cursor: Cursor,
-    *,
-    owner: str,
-    snoozed: Iterable[tuple[int, int, float, str | None]],
-    actor: str = DEFAULT_ACTOR,
-) -> set[int]:
-    """Run jobs again after a delay, giving back the attempt they used.
+_ENDS_WELL = "(j.gate ->> 'kind' = 'sleep' OR j.gate ->> 'on_timeout' = 'continue')"
 
-    Each row is (id, version, delay, note); a note (a delay that was capped)
-    is appended to the job's history under `actor`.
+_GATE_TIMED_OUT_ENTRY = _gate_error_entry(
+    "GateTimedOut",
+    "'The gate timed out at ' || j.gate_deadline || ' without its '"
+    " || COALESCE('signal ' || (j.gate ->> 'signal'), 'condition') || '.'",
+)
+
+# Due gates through conveyor_job_gate_due_idx, on the database's clock. A
+# timer completes; a timeout completes with the marker ('continue') or fails.
+# SKIP LOCKED: a gate a signal holds is left to it (it ends the wait first).
+GATE_TIMEOUT = f"""
+WITH due AS (
+    SELECT id FROM conveyor_job
+    WHERE state = 'blocked' AND gate_deadline <= now()
+    ORDER BY gate_deadline
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE conveyor_job AS j
+SET state = CASE WHEN {_ENDS_WELL} THEN 'completed' ELSE 'failed' END,
+    return_value = CASE
+        WHEN j.gate ->> 'kind' = 'sleep' THEN jsonb_build_object('slept_until', j.gate_deadline)
+        WHEN j.gate ->> 'on_timeout' = 'continue'
+        THEN jsonb_build_object('timed_out', true, 'deadline', j.gate_deadline) END,
+    finished_at = now(), gate_deadline = NULL,
+    errors = CASE WHEN {_ENDS_WELL} THEN j.errors ELSE j.errors || {_GATE_TIMED_OUT_ENTRY} END
+FROM due
+WHERE j.id = due.id AND {_GATE_WAITS}
+RETURNING j.id, j.state, j.task_path, j.queue
+"""
+
+
+def gate_timeout(cursor: Cursor, *, limit: int = 500) -> list[GateEnded]:
+    """End up to `limit` gates whose deadline passed (timers, timeouts).
+
+    Guard: the gate waits and `gate_deadline <= now()`; rows locked by
+    another transaction are skipped. Dependents follow in the same transaction.
     """
-    held = [{"id": i, "version": v, "delay": d, "note": n} for i, v, d, n in snoozed]
-    if not held:
-        return set()
-    cursor.execute(SNOOZE, {"held": _json(held), "owner": owner, "actor": actor})
-    return {row[0] for row in cursor.fetchall()}
+    cursor.execute(GATE_TIMEOUT, {"limit": limit})
+    ended = [GateEnded(*row) for row in cursor.fetchall()]
+    unblock(cursor, ids=[g.id for g in ended if g.state == "completed"])
+    cancel_dependents(cursor, ids=[g.id for g in ended if g.state == "failed"])
+    return ended
 
 
-def release(cursor: Cursor, *, owner: str, held: Iterable[tuple[int, int]]) -> set[int]:
-    """Hand leases back at once (graceful shutdown); the attempt is not counted."""
-    rows = [{"id": i, "version": v} for i, v in held]
-    return _guarded(cursor, RELEASE, owner, rows)
+# A resumable step's record, inside the attempt's guarded transaction (after
+# LOCK_FOR_EFFECT), fenced itself: a stale token inserts nothing. The unique
+# (job, effect key) keeps one record per step.
+CHECKPOINT = """
+INSERT INTO conveyor_ledger (job_id, effect_key, lease_version, worker, applied_at, value)
+SELECT j.id, %(key)s, j.lease_version, j.lease_owner, now(), %(value)s::jsonb
+FROM conveyor_job AS j
+WHERE j.id = %(id)s AND j.state = 'running'
+  AND j.lease_owner = %(owner)s AND j.lease_version = %(version)s
+ON CONFLICT (job_id, effect_key) DO NOTHING
+RETURNING id
+"""
 
 
-def bound_transaction(cursor: Cursor, *, seconds: float) -> None:
-    """End this transaction if a statement runs, or it idles, for longer than `seconds`."""
-    cursor.execute(BOUND_TRANSACTION, {"ms": str(max(1, round(seconds * 1000)))})
+def checkpoint(
+    cursor: Cursor, *, job_id: int, owner: str, version: int, key: str, value: str | None
+) -> bool:
+    """Record a step's value (JSON text) under the token; call it under LOCK_FOR_EFFECT.
 
-
-def lock_for_effect(cursor: Cursor, *, job_id: int, owner: str, version: int) -> bool:
-    """Lock the job row for the caller's transaction if the token still holds it.
-
-    False when the token lost the job or an operator asked to cancel it.
+    False: the token does not hold the job, or the step is already recorded.
     """
-    cursor.execute(LOCK_FOR_EFFECT, {"id": job_id, "owner": owner, "version": version})
+    cursor.execute(
+        CHECKPOINT, {"id": job_id, "owner": owner, "version": version, "key": key, "value": value}
+    )
     return bool(cursor.fetchall())
 
 
-def reap(cursor: Cursor, *, limit: int = 500) -> list[Reaped]:
-    """Take back expired leases: to `available`, `dead` when attempts are used up,
-    or `cancelled` when an operator asked to cancel the job."""
-    cursor.execute(REAP, {"limit": limit})
-    reaped = [Reaped(*row) for row in cursor.fetchall()]
-    cancel_dependents(cursor, ids=[r.id for r in reaped if r.state in UNSUCCESSFUL_STATES])
-    return reaped
+RECORDED_STEP = "SELECT value FROM conveyor_ledger WHERE job_id = %(id)s AND effect_key = %(key)s"
 
 
-def requeue(
-    cursor: Cursor, *, ids: Sequence[int], notify: bool = True, actor: str = DEFAULT_ACTOR
-) -> list[int]:
-    """Give failed, dead or cancelled jobs a fresh set of attempts.
-
-    Guard: state failed, dead or cancelled, and no dependency (policy
-    'cancel') failed, dead or cancelled; other ids are left alone and
-    missing from the result. Clears a cancel request; notes it in history.
-    A job with dependencies comes back `blocked` until they complete, and
-    the dependents its failure cancelled come back too (REBLOCK_DEPENDENTS).
-    """
-    cursor.execute(REQUEUE, {"ids": list(ids), "actor": actor})
+def recorded_step(cursor: Cursor, *, job_id: int, key: str) -> tuple[bool, Any]:
+    """(True, value) when the job's step `key` is recorded, else (False, None)."""
+    cursor.execute(RECORDED_STEP, {"id": job_id, "key": key})
     rows = cursor.fetchall()
-    reblock_dependents(cursor, ids=[id_ for id_, _ in rows], notify=notify, actor=actor)
-    if notify:
-        for queue in sorted({queue for _, queue in rows}):
-            cursor.execute(NOTIFY, {"channel": NOTIFY_CHANNEL, "queue": queue})
-    return [id_ for id_, _ in rows]
+    return (True, loaded(rows[0][0])) if rows else (False, None)
 
 
-def cancel(cursor: Cursor, *, ids: Sequence[int], actor: str = DEFAULT_ACTOR) -> list[int]:
-    """Cancel jobs that have not started (blocked or available).
-
-    Guard: state blocked or available; others are missing from the result.
-    """
-    cursor.execute(CANCEL, {"ids": list(ids), "actor": actor})
-    cancelled = [row[0] for row in cursor.fetchall()]
-    cancel_dependents(cursor, ids=cancelled)
-    return cancelled
-
-
-def request_cancel(cursor: Cursor, *, ids: Sequence[int], actor: str = DEFAULT_ACTOR) -> list[int]:
-    """Ask the workers holding these running jobs to stop them; no state changes.
-
-    Guard: state running and no earlier request; any token. Zero rows means
-    the job is not running (any more) or was already asked to stop.
-    """
-    cursor.execute(REQUEST_CANCEL, {"ids": list(ids), "actor": actor})
-    return [row[0] for row in cursor.fetchall()]
-
-
-def cancel_held(
-    cursor: Cursor, *, owner: str, held: Iterable[tuple[int, int]], actor: str = DEFAULT_ACTOR
-) -> set[int]:
-    """The holder honours cancel requests: its jobs become `cancelled`.
-
-    Guard: state running, owner and version (the token), and a cancel
-    request. Zero rows means the lease was lost, or there was no request.
-    """
-    rows = [{"id": i, "version": v} for i, v in held]
-    if not rows:
-        return set()
-    cursor.execute(CANCEL_HELD, {"held": _json(rows), "owner": owner, "actor": actor})
-    cancelled = {row[0] for row in cursor.fetchall()}
-    cancel_dependents(cursor, ids=cancelled)
-    return cancelled
-
-
-def prune(cursor: Cursor, *, older_than_seconds: float, queues: Sequence[str], limit: int) -> int:
-    """Delete up to `limit` finished jobs older than the retention window."""
-    cursor.execute(
-        PRUNE, {"older_than": older_than_seconds, "queues": list(queues), "limit": limit}
-    )
-    return cursor.rowcount
+# -- Cron: one tick of a periodic schedule ---------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -1318,6 +1501,46 @@ class CronTick:
 def cron_key(name: str, tick: datetime) -> str:
     """The idempotency key of one tick: `cron:<schedule name>:<tick in UTC, ISO 8601>`."""
     return f"cron:{name}:{tick.astimezone(UTC).replace(tzinfo=None).isoformat()}Z"
+
+
+# One tick of a periodic schedule: the job and the schedule's advance commit
+# together or not at all. The row guard (enabled, next_tick_at = the tick the
+# caller computed from) makes a racing or stale scheduler write nothing; the
+# tick's idempotency key makes a second job for the same tick impossible even
+# if a row was reset by hand. SKIP LOCKED: a scheduler never waits for another.
+CRON_ROW_GUARD = """
+WITH due AS (
+    SELECT id FROM conveyor_cron
+    WHERE id = %(cron_id)s AND enabled AND next_tick_at = %(expected)s
+    FOR UPDATE SKIP LOCKED
+)"""
+
+
+CRON_ENQUEUE = f"""{CRON_ROW_GUARD}, inserted AS (
+    INSERT INTO conveyor_job (
+        task_path, args, kwargs, queue, backend, priority, state, attempt, max_attempts,
+        run_after, enqueued_run_after, lease_version, idempotency_key, errors, enqueued_at
+    )
+    SELECT %(task_path)s, %(args)s::jsonb, %(kwargs)s::jsonb, %(queue)s, %(backend)s,
+           %(priority)s, 'available', 0, %(max_attempts)s, %(tick)s, %(tick)s, 0, %(key)s,
+           '[]'::jsonb, now()
+    FROM due
+    ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+    RETURNING id, queue, run_after
+), advanced AS (
+    UPDATE conveyor_cron AS c
+    SET last_tick_at = %(tick)s, next_tick_at = %(next_tick)s,
+        last_job_id = COALESCE(
+            (SELECT id FROM inserted),
+            (SELECT id FROM conveyor_job WHERE idempotency_key = %(key)s))
+    FROM due
+    WHERE c.id = due.id
+    RETURNING c.last_job_id
+)
+SELECT a.last_job_id, i.id IS NOT NULL,
+       CASE WHEN %(notify)s AND i.run_after <= now() THEN pg_notify(%(channel)s, i.queue) END
+FROM advanced AS a LEFT JOIN inserted AS i ON true
+"""
 
 
 def cron_enqueue(
@@ -1363,113 +1586,6 @@ def cron_enqueue(
     return CronTick(rows[0][0], bool(rows[0][1])) if rows else None
 
 
-class GateEnded(NamedTuple):
-    id: int
-    state: str  # completed or failed.
-    task_path: str
-    queue: str
-
-
-def signal(
-    cursor: Cursor,
-    *,
-    gate_id: int,
-    name: str,
-    payload: str | None,
-    reject: bool = False,
-    reason: str | None = None,
-    actor: str = DEFAULT_ACTOR,
-) -> str | None:
-    """End a signal gate's wait: completed with `payload` (JSON text), or failed (rejected).
-
-    Guard: the gate waits (blocked, its upstream done) for the signal `name`.
-    Its dependents are unblocked (or settled, on a rejection) in the same
-    transaction. Returns the gate's new state; None (zero rows) means it does
-    not wait for this signal now (`gate_state` tells why); nothing changed.
-    """
-    cursor.execute(
-        SIGNAL,
-        {"id": gate_id, "name": name, "payload": payload, "reject": reject, "reason": reason,
-         "actor": actor},
-    )  # fmt: skip
-    rows = cursor.fetchall()
-    if not rows:
-        return None
-    state = rows[0][1]
-    if state == "completed":
-        unblock(cursor, ids=[gate_id])
-    else:
-        cancel_dependents(cursor, ids=[gate_id])
-    return state
-
-
-def gate_state(cursor: Cursor, *, gate_id: int) -> tuple[str, int, dict[str, Any] | None] | None:
-    """A job's state, pending count and gate definition (None: no such job)."""
-    cursor.execute(GATE_STATE, {"id": gate_id})
-    rows = cursor.fetchall()
-    if not rows:
-        return None
-    state, pending, gate = rows[0]
-    return state, pending, _loaded(gate)
-
-
-def condition_met(cursor: Cursor, *, rows: Iterable[dict[str, Any]]) -> dict[int, str]:
-    """End condition gates: completed with `matched`, or failed with `error` (text).
-
-    Guard: the gate waits and is a condition. Call it under the gates' row
-    locks (the service locks them before evaluating). Returns the new state
-    of each gate ended; a gate missing from it no longer waits.
-    """
-    rows = list(rows)
-    if not rows:
-        return {}
-    cursor.execute(CONDITION_MET, {"rows": _json(rows)})
-    states = dict(cursor.fetchall())
-    unblock(cursor, ids=[i for i, state in states.items() if state == "completed"])
-    cancel_dependents(cursor, ids=[i for i, state in states.items() if state == "failed"])
-    return states
-
-
-def gate_timeout(cursor: Cursor, *, limit: int = 500) -> list[GateEnded]:
-    """End up to `limit` gates whose deadline passed (timers, timeouts).
-
-    Guard: the gate waits and `gate_deadline <= now()`; rows locked by
-    another transaction are skipped. Dependents follow in the same transaction.
-    """
-    cursor.execute(GATE_TIMEOUT, {"limit": limit})
-    ended = [GateEnded(*row) for row in cursor.fetchall()]
-    unblock(cursor, ids=[g.id for g in ended if g.state == "completed"])
-    cancel_dependents(cursor, ids=[g.id for g in ended if g.state == "failed"])
-    return ended
-
-
-def checkpoint(
-    cursor: Cursor, *, job_id: int, owner: str, version: int, key: str, value: str | None
-) -> bool:
-    """Record a step's value (JSON text) under the token; call it under LOCK_FOR_EFFECT.
-
-    False: the token does not hold the job, or the step is already recorded.
-    """
-    cursor.execute(
-        CHECKPOINT, {"id": job_id, "owner": owner, "version": version, "key": key, "value": value}
-    )
-    return bool(cursor.fetchall())
-
-
-def recorded_step(cursor: Cursor, *, job_id: int, key: str) -> tuple[bool, Any]:
-    """(True, value) when the job's step `key` is recorded, else (False, None)."""
-    cursor.execute(RECORDED_STEP, {"id": job_id, "key": key})
-    rows = cursor.fetchall()
-    return (True, _loaded(rows[0][0])) if rows else (False, None)
-
-
-def _guarded(cursor: Cursor, sql: str, owner: str, held: list[dict[str, Any]]) -> set[int]:
-    if not held:
-        return set()
-    cursor.execute(sql, {"held": _json(held), "owner": owner})
-    return {row[0] for row in cursor.fetchall()}
-
-
 ACTIONS = {
     "ENQUEUE": enqueue,
     "CLAIM": claim,
@@ -1497,5 +1613,6 @@ ACTIONS = {
     "GATE_TIMEOUT": gate_timeout,
     "CHECKPOINT": checkpoint,
 }
+
 
 __all__ = ["ACTIONS", "GateEnded", "JobState", "Lease", "NewJob", "Reaped", "Renewed"]

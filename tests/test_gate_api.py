@@ -6,7 +6,8 @@ import urllib.request
 
 import pytest
 
-from django_conveyor import apikeys, workflows
+from django_conveyor import workflows
+from django_conveyor.api import keys
 from django_conveyor.models import Job
 from django_conveyor.workflows import chain
 from tests.testapp.tasks import noop
@@ -18,14 +19,14 @@ JOBS = "/conveyor/api/jobs"
 
 @pytest.fixture
 def call(live_server):
-    keys = {scope: apikeys.create(f"svc-{scope}", [scope])[1] for scope in ("operate", "read")}
+    secrets = {scope: keys.create(f"svc-{scope}", [scope])[1] for scope in ("operate", "read")}
 
     def call(path, body, *, scope="operate", raw=None):
         request = urllib.request.Request(
             live_server.url + path,
             data=raw if raw is not None else json.dumps(body).encode(),
             method="POST",
-            headers={"Authorization": f"Bearer {keys[scope]}",
+            headers={"Authorization": f"Bearer {secrets[scope]}",
                      "Content-Type": "application/json"},
         )  # fmt: skip
         try:
@@ -116,7 +117,7 @@ def test_metrics_count_waiting_gates_per_kind(client):
     chain(workflows.sleep(timedelta(hours=1))).enqueue()
     chain(workflows.wait_until(Effect, Q(label="never"))).enqueue()
     chain(noop.step(), workflows.signal("later")).enqueue()  # Not waiting yet: upstream pending.
-    raw = apikeys.create("prometheus", ["metrics"])[1]
+    raw = keys.create("prometheus", ["metrics"])[1]
     response = client.get("/conveyor/metrics", HTTP_AUTHORIZATION=f"Bearer {raw}")
     samples = {
         (s.name, tuple(sorted(s.labels.items()))): s.value

@@ -24,7 +24,7 @@ def cur():
 
 def new(cur, *depends_on, gate=None, policy="cancel"):
     job = protocol.NewJob(
-        task_path="django_conveyor.gates.signal" if gate else "tests.testapp.tasks.add",
+        task_path="django_conveyor.workflows.gates.signal" if gate else "tests.testapp.tasks.add",
         args=[], kwargs={}, queue="default", backend="default", priority=0, max_attempts=1,
         depends_on=tuple(depends_on), dependency_policy=policy, gate=gate,
     )  # fmt: skip

@@ -18,9 +18,9 @@ from django_conveyor.exceptions import (
     NotAGate,
     WrongSignal,
 )
-from django_conveyor.gate_service import GatesService
 from django_conveyor.models import Job, LedgerEntry
-from django_conveyor.services import Now
+from django_conveyor.worker.services.base import Now
+from django_conveyor.worker.services.gates import GatesService
 from django_conveyor.workflows import Workflow, chain
 from tests.helpers import run_burst, wait_until
 from tests.testapp.models import Effect
@@ -45,7 +45,7 @@ class TestBuilders:
         result = chain(workflows.signal("approval"), noop.step()).enqueue()
         gate = job(result[0])
         assert gate.state == "blocked" and gate.pending_dependencies == 0
-        assert gate.task_path == "django_conveyor.gates.signal"
+        assert gate.task_path == "django_conveyor.workflows.gates.signal"
         assert gate.gate["signal"] == "approval"
         assert job(result[1]).state == "blocked"
 
@@ -77,6 +77,8 @@ class TestBuilders:
             workflows.wait_until("testapp.Effect", Q(label="x"))
         with pytest.raises(InvalidCondition, match="Q"):
             workflows.wait_until(Effect, {"label": "x"})
+        with pytest.raises(InvalidCondition, match="at most 16384 can be stored"):
+            workflows.wait_until(Effect, Q(label__in=[f"label-{i}" for i in range(2000)]))
 
 
 class TestSignals:

@@ -22,11 +22,12 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html
 
+from ..conf import conveyor_settings
 from ..exceptions import ArgumentsNotSerializable, GateError
 from ..models import Job, WaitingGate
 from ..states import JobState
 from .actions import approve_gates, reject_gates
-from .base import actor_for, conveyor_database, log_job_changes
+from .base import actor_for, log_job_changes
 from .jobs import JobAdmin
 from .workflow import waits_for
 
@@ -112,7 +113,7 @@ class WaitingGateAdmin(JobAdmin):
 
     def signal_view(self, request: HttpRequest, object_id: str) -> Any:
         """A signal with a payload, for one gate: the form, a confirmation, then SIGNAL."""
-        from ..gates import send_signal
+        from ..workflows.gates import send_signal
 
         if not self.has_operate_permission(request):
             raise PermissionDenied
@@ -129,7 +130,7 @@ class WaitingGateAdmin(JobAdmin):
                 name, payload = form.cleaned_data["name"], form.cleaned_data["payload"]
                 try:
                     send_signal(
-                        f"{conveyor_database()}:{gate.pk}", name, payload,
+                        f"{conveyor_settings().DATABASE}:{gate.pk}", name, payload,
                         actor=actor_for(request),
                     )  # fmt: skip
                 except (GateError, ArgumentsNotSerializable, ValueError) as exc:

@@ -20,7 +20,7 @@ from ninja import Header, Query, Router
 from ninja.decorators import decorate_view
 from ninja.responses import Status
 
-from .. import operations, stats
+from .. import operations, queue_counts
 from ..compat import InvalidTask, Task, TaskResultDoesNotExist
 from ..conf import conveyor_settings
 from ..exceptions import ArgumentsNotSerializable, GateError, GateNotFound, IdempotencyKeyReused
@@ -41,9 +41,7 @@ from .schemas import (
     SignalIn,
     StateName,
 )
-from .schemas import (
-    Problem as ProblemOut,
-)
+from .schemas import Problem as ProblemOut
 
 MAX_IDEMPOTENCY_KEY_LENGTH = 255
 NAMESPACE = "conveyor-api"
@@ -356,7 +354,7 @@ def signal_job(request: HttpRequest, job_id: str, body: SignalIn) -> dict[str, A
     400: a bad name or payload. 404: no such job. 409: the job is not a gate that
     waits for this signal now (another name, upstream not done, already signalled,
     timed out, cancelled); the detail says which. Nothing is written then."""
-    from ..gates import reject_signal, send_signal
+    from ..workflows.gates import reject_signal, send_signal
 
     database, job = _job(job_id)
     actor = request.auth.actor
@@ -378,7 +376,7 @@ def signal_job(request: HttpRequest, job_id: str, body: SignalIn) -> dict[str, A
     return job_out(job, database)
 
 
-def queue_out(entry: stats.QueueStats) -> dict[str, Any]:
+def queue_out(entry: queue_counts.QueueCounts) -> dict[str, Any]:
     return {
         "name": entry.name,
         "paused": entry.paused,
@@ -400,7 +398,7 @@ def queue_out(entry: stats.QueueStats) -> dict[str, Any]:
 )
 def list_queues(request: HttpRequest) -> list[dict[str, Any]]:
     """Every queue with its jobs per state, lag, leases and whether it is paused."""
-    return [queue_out(q) for q in stats.snapshot(operations.known_queues()).values()]
+    return [queue_out(q) for q in queue_counts.snapshot(operations.known_queues()).values()]
 
 
 def _switch(
@@ -411,7 +409,7 @@ def _switch(
         raise Problem(404, f"No queue is named {name!r}.")
     if action([name]):
         logger.info("%s %s queue %s", request.auth.actor, verb, name)
-    return queue_out(stats.snapshot([name])[name])
+    return queue_out(queue_counts.snapshot([name])[name])
 
 
 @router.post(

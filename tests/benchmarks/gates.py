@@ -47,8 +47,8 @@ INSERT INTO conveyor_job (
     run_after, lease_version, errors, enqueued_at, pending_dependencies, dependency_policy,
     gate, gate_deadline
 )
-SELECT 'django_conveyor.gates.signal', '[]', '{}', 'default', 'default', 0, 'blocked', 0, 1,
-       now(), 0, '[]', now(), 0, 'cancel',
+SELECT 'django_conveyor.workflows.gates.signal', '[]', '{}', 'default', 'default', 0,
+       'blocked', 0, 1, now(), 0, '[]', now(), 0, 'cancel',
        '{"kind": "signal", "signal": "approval", "on_timeout": "fail"}',
        CASE WHEN g %% 10 = 0 THEN now() + interval '1 day' END
 FROM generate_series(1, %(n)s) AS g
@@ -71,13 +71,12 @@ def buffers() -> dict[str, int]:
     from django.db import connection, transaction
 
     from django_conveyor import protocol
-    from django_conveyor.gate_service import WAITING_CONDITIONS
     from tests.testapp.tasks import noop
 
     statements = {
         "claim": (protocol.CLAIM, {"queues": ["default"], "limit": 8, "owner": "x", "lease": 30}),
         "gate_timeout_nothing_due": (protocol.GATE_TIMEOUT, {"limit": 500}),
-        "condition_poll": (WAITING_CONDITIONS, {"after": 0, "limit": 100, "ids": None}),
+        "condition_poll": (protocol.WAITING_CONDITIONS, {"after": 0, "limit": 100, "ids": None}),
     }
     read = {}
     with connection.cursor() as cur:
@@ -95,8 +94,8 @@ def measure(args) -> dict:
     from django.db import connection, transaction
 
     from django_conveyor import protocol
-    from django_conveyor.gate_service import GatesService
-    from django_conveyor.services import Now
+    from django_conveyor.worker.services.base import Now
+    from django_conveyor.worker.services.gates import GatesService
     from tests.testapp.tasks import noop
 
     with connection.cursor() as cur:

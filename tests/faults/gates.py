@@ -71,7 +71,7 @@ def enqueue(cur: Any, *, rng: Any, workflows: int, work: tuple[float, float], qu
               for w in range(workflows)], notify=True,
     )  # fmt: skip
     g = protocol.enqueue(
-        cur, [job("django_conveyor.gates.signal", [], {"workflow": w}, (a[w].id,), GATE)
+        cur, [job("django_conveyor.workflows.gates.signal", [], {"workflow": w}, (a[w].id,), GATE)
               for w in range(workflows)], notify=True,
     )  # fmt: skip
     protocol.enqueue(
