@@ -98,8 +98,20 @@ class Network:
         host = Host(name, f"{self.prefix}-{name}", f"{SUBNET}.{index}", f"p{index}")
         self._add_namespace(host.namespace)
         # Both ends are made inside namespaces: no interface ever exists in ours.
-        _ip("-n", self.switch, "link", "add", host.port, "type", "veth",
-            "peer", "name", "eth0", "netns", host.namespace)  # fmt: skip
+        _ip(
+            "-n",
+            self.switch,
+            "link",
+            "add",
+            host.port,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "eth0",
+            "netns",
+            host.namespace,
+        )
         _ip("-n", self.switch, "link", "set", host.port, "master", "br0", "up")
         _ip("-n", host.namespace, "addr", "add", f"{host.address}/24", "dev", "eth0")
         _ip("-n", host.namespace, "link", "set", "eth0", "up")

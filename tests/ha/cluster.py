@@ -108,9 +108,13 @@ class Node:
     def local(self, dbname: str = DATABASE) -> psycopg.Connection:
         """A connection over the machine's Unix socket: not through the (partitionable) network."""
         return psycopg.connect(
-            host=str(SOCKET_DIR), port=self.port, user=USER, dbname=dbname,
-            autocommit=True, connect_timeout=3,
-        )  # fmt: skip
+            host=str(SOCKET_DIR),
+            port=self.port,
+            user=USER,
+            dbname=dbname,
+            autocommit=True,
+            connect_timeout=3,
+        )
 
 
 @dataclass(slots=True)
@@ -141,9 +145,22 @@ class Cluster:
 
     def start(self) -> Cluster:
         monitor = self.monitor
-        self._autoctl(monitor, "create", "monitor", "--pgdata", str(monitor.pgdata),
-                      "--pgport", str(monitor.port), "--hostname", monitor.host.address,
-                      "--auth", "trust", "--no-ssl", "--pgctl", str(BINDIR / "pg_ctl"))  # fmt: skip
+        self._autoctl(
+            monitor,
+            "create",
+            "monitor",
+            "--pgdata",
+            str(monitor.pgdata),
+            "--pgport",
+            str(monitor.port),
+            "--hostname",
+            monitor.host.address,
+            "--auth",
+            "trust",
+            "--no-ssl",
+            "--pgctl",
+            str(BINDIR / "pg_ctl"),
+        )
         self._run(monitor)
         _wait(lambda: _can_connect(monitor, MONITOR_DATABASE), "the monitor to accept connections")
         with monitor.local(MONITOR_DATABASE) as conn:
@@ -171,14 +188,40 @@ class Cluster:
             f"postgres://autoctl_node@{self.monitor.host.address}:{self.monitor.port}"
             f"/{MONITOR_DATABASE}?sslmode=disable"
         )
-        self._autoctl(node, "create", "postgres", "--pgdata", str(node.pgdata),
-                      "--pgport", str(node.port), "--hostname", node.host.address,
-                      "--name", node.name, "--dbname", DATABASE, "--auth", "trust",
-                      "--no-ssl", "--pg-hba-lan", "--pgctl", str(BINDIR / "pg_ctl"),
-                      "--monitor", monitor_uri,
-                      "--replication-quorum", "true" if quorum else "false")  # fmt: skip
-        self._autoctl(node, "config", "set", "--pgdata", str(node.pgdata),
-                      "timeout.network_partition_timeout", str(PARTITION_TIMEOUT_SECONDS))  # fmt: skip
+        self._autoctl(
+            node,
+            "create",
+            "postgres",
+            "--pgdata",
+            str(node.pgdata),
+            "--pgport",
+            str(node.port),
+            "--hostname",
+            node.host.address,
+            "--name",
+            node.name,
+            "--dbname",
+            DATABASE,
+            "--auth",
+            "trust",
+            "--no-ssl",
+            "--pg-hba-lan",
+            "--pgctl",
+            str(BINDIR / "pg_ctl"),
+            "--monitor",
+            monitor_uri,
+            "--replication-quorum",
+            "true" if quorum else "false",
+        )
+        self._autoctl(
+            node,
+            "config",
+            "set",
+            "--pgdata",
+            str(node.pgdata),
+            "timeout.network_partition_timeout",
+            str(PARTITION_TIMEOUT_SECONDS),
+        )
         self._run(node)
 
     def _env(self, node: Node) -> dict[str, str]:
@@ -195,15 +238,25 @@ class Cluster:
     def _argv(self, node: Node, *args: str) -> list[str]:
         # setpriv execs (as does `ip netns exec`): the pid we get is pg_autoctl's.
         return node.host.command(
-            "setpriv", f"--reuid={USER}", f"--regid={USER}", "--clear-groups",
-            "pg_autoctl", *args,
-        )  # fmt: skip
+            "setpriv",
+            f"--reuid={USER}",
+            f"--regid={USER}",
+            "--clear-groups",
+            "pg_autoctl",
+            *args,
+        )
 
     def _autoctl(self, node: Node, *args: str) -> None:
         with open(node.log, "ab") as log:
-            proc = subprocess.run(self._argv(node, *args), cwd=node.home, env=self._env(node),
-                                  stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                  timeout=START_TIMEOUT_SECONDS)  # fmt: skip
+            proc = subprocess.run(
+                self._argv(node, *args),
+                cwd=node.home,
+                env=self._env(node),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                timeout=START_TIMEOUT_SECONDS,
+            )
         if proc.returncode != 0:
             tail = node.log.read_text(errors="replace")[-3000:]
             raise ClusterError(f"pg_autoctl {' '.join(args[:2])} on {node.name} failed:\n{tail}")
@@ -212,10 +265,14 @@ class Cluster:
         """Start the node's keeper (`pg_autoctl run`), which runs and supervises its postgres."""
         with open(node.log, "ab") as log:
             node.keeper = subprocess.Popen(
-                self._argv(node, "run", "--pgdata", str(node.pgdata)), cwd=node.home,
-                env=self._env(node), stdin=subprocess.DEVNULL, stdout=log,
-                stderr=subprocess.STDOUT, start_new_session=True,
-            )  # fmt: skip
+                self._argv(node, "run", "--pgdata", str(node.pgdata)),
+                cwd=node.home,
+                env=self._env(node),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         node.runs += 1
 
     # -- what the monitor says -----------------------------------------------
@@ -233,9 +290,7 @@ class Cluster:
         except psycopg.Error:
             return {}
         return {
-            r["nodename"]: r["reportedstate"]
-            for r in table
-            if r["reportedstate"] == r["goalstate"]
+            r["nodename"]: r["reportedstate"] for r in table if r["reportedstate"] == r["goalstate"]
         }
 
     def _state(self, node: Node) -> str | None:
@@ -265,9 +320,14 @@ class Cluster:
     def conninfo(self, **extra: str | int) -> str:
         """libpq settings naming every node; only a read-write one is accepted."""
         params: dict[str, str | int] = {
-            "host": self.hosts, "port": self.ports, "dbname": DATABASE, "user": USER,
-            "target_session_attrs": "read-write", "connect_timeout": 3, **extra,
-        }  # fmt: skip
+            "host": self.hosts,
+            "port": self.ports,
+            "dbname": DATABASE,
+            "user": USER,
+            "target_session_attrs": "read-write",
+            "connect_timeout": 3,
+            **extra,
+        }
         return " ".join(f"{k}={v}" for k, v in params.items())
 
     def url(self) -> str:
@@ -277,8 +337,14 @@ class Cluster:
     # -- faults --------------------------------------------------------------
 
     def crash(self, node: Node) -> None:
-        """The host dies: SIGKILL its postmaster and its keeper at once (no restart in place)."""
-        pids = [node.postmaster_pid()]
+        """The host dies: SIGKILL its keeper, postmaster and every server process at once.
+
+        All of them, not the postmaster alone: a backend or WAL sender outlives its
+        postmaster for a moment (and a stopped one until it is continued), which a
+        crashed machine does not allow.
+        """
+        postmaster = node.postmaster_pid()
+        pids = [postmaster, *_children(postmaster)] if postmaster else []
         if node.keeper is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(node.keeper.pid, signal.SIGKILL)
@@ -324,6 +390,18 @@ class Cluster:
                     os.kill(pid, signal.SIGKILL)
 
 
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is pid (from /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            # The command may hold spaces and parentheses: the parent id follows the last ")".
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[1]) == pid:
+                found.append(int(stat.parent.name))
+    return found
+
+
 def _postmaster_alive(node: Node) -> bool:
     pid = node.postmaster_pid()
     if pid is None:
@@ -343,7 +421,9 @@ def _can_connect(node: Node, dbname: str) -> bool:
         return False
 
 
-def _wait(done: Any, what: str, *, timeout: float = START_TIMEOUT_SECONDS, poll: float = 0.2) -> None:
+def _wait(
+    done: Any, what: str, *, timeout: float = START_TIMEOUT_SECONDS, poll: float = 0.2
+) -> None:
     deadline = time.monotonic() + timeout
     while not done():
         if time.monotonic() > deadline:
@@ -390,8 +470,12 @@ def running_cluster(*, synchronous: bool = True, keep: Path | None = None) -> An
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Bring up a pg_auto_failover cluster.")
-    parser.add_argument("--async", dest="asynchronous", action="store_true",
-                        help="An asynchronous standby (default: synchronous).")  # fmt: skip
+    parser.add_argument(
+        "--async",
+        dest="asynchronous",
+        action="store_true",
+        help="An asynchronous standby (default: synchronous).",
+    )
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND to run on 'app'.")
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command

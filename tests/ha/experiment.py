@@ -8,16 +8,19 @@ healed) and rejoins as a standby. The verdict reuses the fault runs'
 checks (tests/faults/verify.py) on the surviving primary, held against
 the producer's record of acknowledged enqueues.
 
-With `--replication async` the standby is asynchronous, and its WAL
-receiver is frozen for `--standby-lag` seconds just before the fault (as a
-slow link would leave it behind): what was acknowledged in that window is
-lost with the old primary. That run reports the loss and passes if nothing
+With `--replication async` the standby is asynchronous, and the primary's
+WAL sender is frozen for `--standby-lag` seconds just before the fault (as
+a slow link would leave the standby behind): what was acknowledged in that
+window never left the old primary, and is lost with it. (Under synchronous
+replication the same freeze only holds the commits back: none is
+acknowledged until the standby has it.) That run reports the loss and passes if nothing
 else went wrong; a synchronous run passes only with nothing lost.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -56,7 +59,7 @@ REJOIN_TIMEOUT_SECONDS = 120.0
 JOB_STATES = "SELECT id, state FROM conveyor_job"
 FINISHED = "SELECT extract(epoch FROM finished_at) FROM conveyor_job WHERE state = 'completed'"
 NOT_FINAL = "SELECT count(*) FROM conveyor_job WHERE id = ANY(%(ids)s) AND state <> ALL(%(final)s)"
-WAL_RECEIVER = "SELECT pid FROM pg_stat_wal_receiver"
+WAL_SENDERS = "SELECT pid FROM pg_stat_replication"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -83,12 +86,17 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--concurrency", type=int, default=4, help="Slots per worker (4 workers).")
     parser.add_argument("--seed", type=int, default=20261202)
     parser.add_argument("--work", type=float, nargs=2, default=(0.0, 0.05), metavar=("MIN", "MAX"))
-    parser.add_argument("--inside", type=float, nargs=2, default=(0.0, 0.01), metavar=("MIN", "MAX"))
     parser.add_argument(
-        "--standby-lag", type=float, default=None, metavar="SECONDS",
-        help="Freeze the standby's WAL receiver this long before the fault "
+        "--inside", type=float, nargs=2, default=(0.0, 0.01), metavar=("MIN", "MAX")
+    )
+    parser.add_argument(
+        "--standby-lag",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="Freeze the primary's WAL senders this long before the fault "
         "(default 0 for sync, 2 for async).",
-    )  # fmt: skip
+    )
     parser.add_argument("--timeout", type=float, default=None, help="Deadline per scenario.")
     parser.add_argument("--keep", type=Path, default=None, help="Copy worker and node logs here.")
     args = parser.parse_args(argv)
@@ -170,8 +178,15 @@ class Run:
 
     def execute(self) -> dict[str, Any]:
         p = self.params
-        logger.info("%s, %s replication: %d jobs, %d workers x %d, deadline %.0fs",
-                    p.scenario, p.replication, p.jobs, WORKERS, p.concurrency, p.timeout)  # fmt: skip
+        logger.info(
+            "%s, %s replication: %d jobs, %d workers x %d, deadline %.0fs",
+            p.scenario,
+            p.replication,
+            p.jobs,
+            WORKERS,
+            p.concurrency,
+            p.timeout,
+        )
         try:
             with running_cluster(synchronous=p.replication == "sync", keep=p.keep) as cluster:
                 return self.on(cluster)
@@ -200,10 +215,21 @@ class Run:
         call_command("migrate", verbosity=0)
         from tests.faults.settings import QUEUE
 
-        pool = WorkerPool(queue=QUEUE, count=WORKERS, concurrency=p.concurrency, db_port=0,
-                          log_dir=self.log_dir, extra_env=env)  # fmt: skip
-        producer = Producer(jobs=p.jobs, record=self.log_dir / "acknowledged.txt", seed=p.seed,
-                            work_seconds=p.work_seconds, inside_seconds=p.inside_seconds)  # fmt: skip
+        pool = WorkerPool(
+            queue=QUEUE,
+            count=WORKERS,
+            concurrency=p.concurrency,
+            db_port=0,
+            log_dir=self.log_dir,
+            extra_env=env,
+        )
+        producer = Producer(
+            jobs=p.jobs,
+            record=self.log_dir / "acknowledged.txt",
+            seed=p.seed,
+            work_seconds=p.work_seconds,
+            inside_seconds=p.inside_seconds,
+        )
         first = cluster.primary()
         assert first is not None
         try:
@@ -241,16 +267,16 @@ class Run:
     def strike(self, cluster: Cluster, old: Node) -> None:
         """Lose the primary; wait for the promotion; bring the old one back."""
         p = self.params
-        standby = next(n for n in cluster.nodes if n is not old)
-        frozen = self.freeze_wal_receiver(standby) if p.standby_lag else None
+        frozen = self.freeze_wal_senders(old) if p.standby_lag else []
         self.fault_at = time.time()
         logger.info("%s: losing primary %s", p.scenario, old.name)
         if p.scenario == "kill9":
             cluster.crash(old)
         else:
             cluster.cut(old)
-        if frozen:
-            os.kill(frozen, signal.SIGCONT)
+        for pid in frozen:  # (Dead with the postmaster after a kill; cut off after a cut.)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
         deadline = time.monotonic() + p.timeout
         while (new := cluster.primary()) in (None, old):
             if time.monotonic() > deadline:
@@ -266,22 +292,21 @@ class Run:
             cluster.heal(old)
         self.timeline["old_primary_back_after_fault_s"] = time.time() - self.fault_at
 
-    def freeze_wal_receiver(self, standby: Node) -> int | None:
-        """SIGSTOP the standby's WAL receiver and let the primary run ahead of it."""
-        with standby.local() as conn:
-            row = conn.execute(WAL_RECEIVER).fetchone()
-        if row is None:
-            return None
-        os.kill(row[0], signal.SIGSTOP)
+    def freeze_wal_senders(self, primary: Node) -> list[int]:
+        """SIGSTOP the primary's WAL senders: the standby falls behind for `standby_lag` s."""
+        with primary.local() as conn:
+            pids = [int(r[0]) for r in conn.execute(WAL_SENDERS).fetchall()]
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
         time.sleep(self.params.standby_lag)
-        return int(row[0])
+        return pids
 
     def wait_rejoined(self, cluster: Cluster, old: Node) -> None:
         deadline = time.monotonic() + REJOIN_TIMEOUT_SECONDS
         while time.monotonic() < deadline:
             if cluster.states().get(old.name) == "secondary":
-                self.timeline["old_primary_rejoined_after_fault_s"] = (
-                    time.time() - (self.fault_at or 0)
+                self.timeline["old_primary_rejoined_after_fault_s"] = time.time() - (
+                    self.fault_at or 0
                 )
                 return
             time.sleep(MONITOR_SECONDS)
@@ -289,9 +314,14 @@ class Run:
     # -- the verdict ---------------------------------------------------------
 
     def verdict(
-        self, cluster: Cluster, first: Node, producer: Producer, pool: WorkerPool,
-        duration: float, settled: float,
-    ) -> dict[str, Any]:  # fmt: skip
+        self,
+        cluster: Cluster,
+        first: Node,
+        producer: Producer,
+        pool: WorkerPool,
+        duration: float,
+        settled: float,
+    ) -> dict[str, Any]:
         p = self.params
         facts = verify.read_logs(sorted(self.log_dir.glob("worker-*.log")))
         acked = {job: seq for seq, job, _ in producer.acked}
@@ -301,7 +331,9 @@ class Run:
             finished = sorted(float(r[0]) for r in conn.execute(FINISHED).fetchall())
             server = conn.execute("SELECT inet_server_addr()::text").fetchone()
         missing = sorted(job for job in acked if job not in states)
-        unfinished = sorted(j for j in acked if states.get(j, "completed") not in verify.FINAL_STATES)
+        unfinished = sorted(
+            j for j in acked if states.get(j, "completed") not in verify.FINAL_STATES
+        )
         extra = sorted(job for job in states if job not in acked)
         figures["lost"] = len(missing) + len(unfinished)
         failed = verify.failures(figures, require_stale=False)
@@ -311,14 +343,25 @@ class Run:
         if producer.failure is not None:
             failed.append(f"The producer failed: {producer.failure!r}")
         if not producer.finished_at:
-            failed.append(f"The producer acknowledged {len(acked)} of {p.jobs} jobs by the deadline.")
+            failed.append(
+                f"The producer acknowledged {len(acked)} of {p.jobs} jobs by the deadline."
+            )
         if self.promoted is None:
             failed.append("No failover happened.")
         after = [t for t in finished if self.fault_at and t > self.fault_at]
         first_new = after[0] if after else None
         conf = _conveyor_settings()
-        head = {k: figures.pop(k) for k in ("jobs", "completed", "lost", "duplicate_effects",
-                                             "stale_outcomes_rejected", "fencing_violations")}  # fmt: skip
+        head = {
+            k: figures.pop(k)
+            for k in (
+                "jobs",
+                "completed",
+                "lost",
+                "duplicate_effects",
+                "stale_outcomes_rejected",
+                "fencing_violations",
+            )
+        }
         return {
             "scenario": p.scenario,
             "replication": "synchronous" if p.replication == "sync" else "asynchronous",
@@ -348,17 +391,22 @@ class Run:
             "duration_s": round(duration, 1),
             "all_final_after_s": round(settled, 1),
             "parameters": {
-                "workers": WORKERS, "concurrency": p.concurrency,
-                "lease_s": conf.LEASE_SECONDS, "heartbeat_s": conf.HEARTBEAT_SECONDS,
-                "reap_s": conf.REAP_SECONDS, "seed": p.seed,
+                "workers": WORKERS,
+                "concurrency": p.concurrency,
+                "lease_s": conf.LEASE_SECONDS,
+                "heartbeat_s": conf.HEARTBEAT_SECONDS,
+                "reap_s": conf.REAP_SECONDS,
+                "seed": p.seed,
                 "handler_work_s": list(p.work_seconds),
                 "handler_inside_transaction_s": list(p.inside_seconds),
-                "fault_at_fraction_acknowledged": FAULT_AT, "standby_lag_s": p.standby_lag,
+                "fault_at_fraction_acknowledged": FAULT_AT,
+                "standby_lag_s": p.standby_lag,
                 "heal_after_promotion_s": HEAL_AFTER_SECONDS if p.scenario == "partition" else None,
-                "deadline_s": p.timeout, "failover_manager": "pg_auto_failover 2.0 (Debian)",
+                "deadline_s": p.timeout,
+                "failover_manager": "pg_auto_failover 2.0 (Debian)",
                 "monitor_tuning_ms": _tuning(),
                 "hosts": "network namespaces on one machine, one virtual switch",
-            },  # fmt: skip
+            },
             "final_jobs_over_time": self.progress[:: max(1, len(self.progress) // 20)],
             **figures,
             "worker_incarnations": len(pool.history),
@@ -400,8 +448,14 @@ class Run:
         for e in cluster.events():
             at = e["eventtime"].timestamp() - self.fault_at
             if -2 < at < 120:
-                out.append({"after_fault_s": round(at, 2), "node": e["nodename"],
-                            "reported": e["reportedstate"], "goal": e["goalstate"]})  # fmt: skip
+                out.append(
+                    {
+                        "after_fault_s": round(at, 2),
+                        "node": e["nodename"],
+                        "reported": e["reportedstate"],
+                        "goal": e["goalstate"],
+                    }
+                )
         return out
 
 
