@@ -56,8 +56,9 @@ RATE_WINDOW_SECONDS = 10.0
 MONITOR_SECONDS = 0.5
 REJOIN_TIMEOUT_SECONDS = 120.0
 
-JOB_STATES = "SELECT id, state FROM conveyor_job"
+JOB_KEYS = "SELECT idempotency_key, id, state FROM conveyor_job"
 FINISHED = "SELECT extract(epoch FROM finished_at) FROM conveyor_job WHERE state = 'completed'"
+FINAL = verify.FINAL_STATES
 NOT_FINAL = "SELECT count(*) FROM conveyor_job WHERE id = ANY(%(ids)s) AND state <> ALL(%(final)s)"
 WAL_SENDERS = "SELECT pid FROM pg_stat_replication"
 
@@ -324,18 +325,21 @@ class Run:
     ) -> dict[str, Any]:
         p = self.params
         facts = verify.read_logs(sorted(self.log_dir.glob("worker-*.log")))
-        acked = {job: seq for seq, job, _ in producer.acked}
+        acked = producer.acked
         with psycopg.connect(cluster.conninfo(), autocommit=True) as conn:
             figures = verify.check(conn, len(acked), facts)
-            states = dict(conn.execute(JOB_STATES).fetchall())
+            # By idempotency key, not id: a job lost with an asynchronous primary
+            # leaves its id to be handed out again by the new primary's sequence.
+            rows = {key: (job, state) for key, job, state in conn.execute(JOB_KEYS).fetchall()}
             finished = sorted(float(r[0]) for r in conn.execute(FINISHED).fetchall())
             server = conn.execute("SELECT inet_server_addr()::text").fetchone()
-        missing = sorted(job for job in acked if job not in states)
-        unfinished = sorted(
-            j for j in acked if states.get(j, "completed") not in verify.FINAL_STATES
-        )
-        extra = sorted(job for job in states if job not in acked)
-        figures["lost"] = len(missing) + len(unfinished)
+        keys = {producer.key(seq): (seq, job, at) for seq, job, at in acked}
+        missing = [keys[k] for k in keys if k not in rows]
+        unfinished = [v for k, v in keys.items() if k in rows and rows[k][1] not in FINAL]
+        renumbered = sum(1 for k, (_, job, _) in keys.items() if k in rows and rows[k][0] != job)
+        extra = sum(1 for k in rows if k not in keys)
+        lost = sorted(missing + unfinished)
+        figures["lost"] = len(lost)
         failed = verify.failures(figures, require_stale=False)
         if p.replication == "async":
             # The loss is the measured boundary here, not a failure.
@@ -372,10 +376,12 @@ class Run:
             "lost_acknowledged_jobs": {
                 "not_in_surviving_database": len(missing),
                 "not_final": len(unfinished),
-                "sample_ids": (missing + unfinished)[:20],
+                "acknowledged_after_fault_s": self.span([at for _, _, at in lost]),
+                "sample": [{"seq": seq, "id_when_acknowledged": job} for seq, job, _ in lost[:20]],
                 "acknowledged_during_standby_lag": self.acked_during_lag(producer),
             },
-            "rows_without_acknowledgement": len(extra),
+            "acknowledged_jobs_found_under_another_id": renumbered,
+            "rows_without_acknowledgement": extra,
             "failover": {
                 "old_primary": first.name,
                 "new_primary": self.promoted.name if self.promoted else None,
@@ -419,6 +425,11 @@ class Run:
                 "finished_at": datetime.now(UTC).isoformat(timespec="seconds"),
             },
         }
+
+    def span(self, times: list[float]) -> list[float] | None:
+        if not times or self.fault_at is None:
+            return None
+        return [round(min(times) - self.fault_at, 3), round(max(times) - self.fault_at, 3)]
 
     def acked_during_lag(self, producer: Producer) -> int | None:
         if not self.params.standby_lag or self.fault_at is None:

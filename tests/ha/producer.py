@@ -87,7 +87,7 @@ class Producer:
 
         from tests.faults.tasks import apply_effect
 
-        task = apply_effect.using(idempotency_key=f"ha-{seq}")
+        task = apply_effect.using(idempotency_key=self.key(seq))
         while not self.stopping.is_set():
             try:
                 with transaction.atomic():
@@ -98,6 +98,10 @@ class Producer:
                 connection.close()
                 self.stopping.wait(RETRY_SECONDS)
         return None
+
+    @staticmethod
+    def key(seq: int) -> str:
+        return f"ha-{seq}"
 
     def summary(self, fault_at: float | None) -> dict[str, Any]:
         """The errors the application saw, relative to the fault."""
