@@ -79,5 +79,16 @@ CONVEYOR = {
     # attempts in flight); the pass criterion is that every job completes.
     "MAX_ATTEMPTS": 100,
 }
+# The failover run: a tick every second, each an ordinary job of the fault
+# handler (an effect, a ledger entry), so the scheduler is checked too.
+if os.environ.get("CONVEYOR_FAULTS_CRON"):
+    CONVEYOR["CRON"] = {
+        "ha-tick": {
+            "schedule": "* * * * * *",
+            "task": "tests.faults.tasks.apply_effect",
+            "args": [0, 0],
+            "queue": QUEUE,
+        }
+    }
 if os.environ.get("CONVEYOR_FAULTS_LISTENER_DSN"):
     CONVEYOR["LISTENER_DSN"] = os.environ["CONVEYOR_FAULTS_LISTENER_DSN"]

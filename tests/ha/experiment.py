@@ -59,6 +59,10 @@ REJOIN_TIMEOUT_SECONDS = 120.0
 JOB_KEYS = "SELECT idempotency_key, id, state FROM conveyor_job"
 FINISHED = "SELECT extract(epoch FROM finished_at) FROM conveyor_job WHERE state = 'completed'"
 FINAL = verify.FINAL_STATES
+TICK_PREFIX = "cron:ha-tick:"
+TICKS_DONE = """
+SELECT count(*) FROM conveyor_job WHERE idempotency_key LIKE %(prefix)s AND state = 'completed'
+"""
 NOT_FINAL = "SELECT count(*) FROM conveyor_job WHERE id = ANY(%(ids)s) AND state <> ALL(%(final)s)"
 WAL_SENDERS = "SELECT pid FROM pg_stat_replication"
 
@@ -206,6 +210,7 @@ class Run:
             "CONVEYOR_FAULTS_PG_PORT": cluster.ports,
             "CONVEYOR_FAULTS_PG_NAME": "conveyor",
             "CONVEYOR_FAULTS_FOLLOW_PRIMARY": "1",
+            "CONVEYOR_FAULTS_CRON": "1",  # The workers' schedulers tick every second.
         }
         os.environ.update(env)
         os.environ["DJANGO_SETTINGS_MODULE"] = "tests.faults.settings"
@@ -235,6 +240,8 @@ class Run:
         assert first is not None
         try:
             pool.start_all()
+            # The workers are up (and their schedulers ticking) before the first enqueue.
+            self.wait(lambda: self.ticks_completed(cluster) >= 2, start)
             producer.start()
             self.wait(lambda: len(producer.acked) >= p.jobs * FAULT_AT or producer.done, start)
             self.strike(cluster, first)
@@ -264,6 +271,14 @@ class Run:
             return False
         self.progress.append((round(time.time() - (self.fault_at or 0), 1), len(ids) - left))
         return left == 0
+
+    def ticks_completed(self, cluster: Cluster) -> int:
+        try:
+            with psycopg.connect(cluster.conninfo(), autocommit=True) as conn:
+                row = conn.execute(TICKS_DONE, {"prefix": TICK_PREFIX + "%"}).fetchone()
+        except psycopg.Error:
+            return 0
+        return int(row[0]) if row else 0
 
     def strike(self, cluster: Cluster, old: Node) -> None:
         """Lose the primary; wait for the promotion; bring the old one back."""
@@ -333,14 +348,25 @@ class Run:
             rows = {key: (job, state) for key, job, state in conn.execute(JOB_KEYS).fetchall()}
             finished = sorted(float(r[0]) for r in conn.execute(FINISHED).fetchall())
             server = conn.execute("SELECT inet_server_addr()::text").fetchone()
+        ticks = sorted(_tick_instant(k) for k in rows if k and k.startswith(TICK_PREFIX))
+        figures["jobs"] = len(acked) + len(ticks)  # Every tick is a job of the handler too.
         keys = {producer.key(seq): (seq, job, at) for seq, job, at in acked}
         missing = [keys[k] for k in keys if k not in rows]
         unfinished = [v for k, v in keys.items() if k in rows and rows[k][1] not in FINAL]
         renumbered = sum(1 for k, (_, job, _) in keys.items() if k in rows and rows[k][0] != job)
-        extra = sum(1 for k in rows if k not in keys)
+        extra = sum(1 for k in rows if k not in keys and not (k or "").startswith(TICK_PREFIX))
+        scheduler = self.scheduler(ticks)
+        if p.replication == "sync" and scheduler["seconds_without_a_tick"]:
+            failed_ticks = f"{scheduler['seconds_without_a_tick']} second(s) got no tick job."
+        else:
+            failed_ticks = None
         lost = sorted(missing + unfinished)
         figures["lost"] = len(lost)
         failed = verify.failures(figures, require_stale=False)
+        if failed_ticks:
+            failed.append(failed_ticks)
+        if self.promoted and not scheduler["ticks_after_promotion"]:
+            failed.append("No tick was enqueued after the promotion: the scheduler never followed.")
         if p.replication == "async":
             # The loss is the measured boundary here, not a failure.
             failed = [f for f in failed if "did not complete" not in f and "not final" not in f]
@@ -369,7 +395,8 @@ class Run:
         return {
             "scenario": p.scenario,
             "replication": "synchronous" if p.replication == "sync" else "asynchronous",
-            "acknowledged": head.pop("jobs"),
+            "acknowledged": len(acked),
+            "jobs": head.pop("jobs"),  # The acknowledged ones and the scheduler's ticks.
             **head,
             "passed": not failed,
             "failures": failed,
@@ -381,6 +408,7 @@ class Run:
                 "acknowledged_during_standby_lag": self.acked_during_lag(producer),
             },
             "acknowledged_jobs_found_under_another_id": renumbered,
+            "scheduler": scheduler,
             "rows_without_acknowledgement": extra,
             "failover": {
                 "old_primary": first.name,
@@ -426,6 +454,18 @@ class Run:
             },
         }
 
+    def scheduler(self, ticks: list[float]) -> dict[str, Any]:
+        """The workers' cron ticks (one a second): none missing, some after the promotion."""
+        promoted = (self.fault_at or 0) + self.timeline.get("promotion_settled_after_fault_s", 0)
+        seconds = round(ticks[-1] - ticks[0]) + 1 if ticks else 0
+        return {
+            "schedule": "every second (one job per tick, the fault handler with no sleep)",
+            "ticks": len(ticks),
+            "seconds_without_a_tick": seconds - len(ticks),
+            "ticks_before_fault": sum(1 for t in ticks if t < (self.fault_at or 0)),
+            "ticks_after_promotion": sum(1 for t in ticks if t > promoted),
+        }
+
     def span(self, times: list[float]) -> list[float] | None:
         if not times or self.fault_at is None:
             return None
@@ -468,6 +508,13 @@ class Run:
                     }
                 )
         return out
+
+
+def _tick_instant(key: str) -> float:
+    """The UTC instant in a tick's key, `cron:<name>:<ISO instant>Z`."""
+    return (
+        datetime.fromisoformat(key.removeprefix(TICK_PREFIX)[:-1]).replace(tzinfo=UTC).timestamp()
+    )
 
 
 def _conveyor_settings() -> Any:
