@@ -336,7 +336,7 @@ class Cluster:
 
     # -- faults --------------------------------------------------------------
 
-    def crash(self, node: Node) -> None:
+    def crash(self, node: Node) -> float:
         """The host dies: SIGKILL its keeper, postmaster and every server process at once.
 
         All of them, not the postmaster alone: a backend or WAL sender outlives its
@@ -345,6 +345,7 @@ class Cluster:
         """
         postmaster = node.postmaster_pid()
         pids = [postmaster, *_children(postmaster)] if postmaster else []
+        at = time.time()  # The moment of the crash: after the (slow) look for its processes.
         if node.keeper is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(node.keeper.pid, signal.SIGKILL)
@@ -355,13 +356,16 @@ class Cluster:
         if node.keeper is not None:
             node.keeper.wait(10)
         _wait(lambda: not _postmaster_alive(node), f"{node.name}'s postmaster to die")
+        return at
 
     def restart(self, node: Node) -> None:
         """The host is back: its keeper starts again and rejoins (as a standby, now)."""
         self._run(node)
 
-    def cut(self, node: Node) -> None:
+    def cut(self, node: Node) -> float:
+        at = time.time()
         self.network.cut(node.host)
+        return at
 
     def heal(self, node: Node) -> None:
         self.network.heal(node.host)

@@ -284,12 +284,8 @@ class Run:
         """Lose the primary; wait for the promotion; bring the old one back."""
         p = self.params
         frozen = self.freeze_wal_senders(old) if p.standby_lag else []
-        self.fault_at = time.time()
         logger.info("%s: losing primary %s", p.scenario, old.name)
-        if p.scenario == "kill9":
-            cluster.crash(old)
-        else:
-            cluster.cut(old)
+        self.fault_at = cluster.crash(old) if p.scenario == "kill9" else cluster.cut(old)
         for pid in frozen:  # (Dead with the postmaster after a kill; cut off after a cut.)
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGCONT)
@@ -420,7 +416,7 @@ class Run:
                 ),
                 "monitor_events": self.events(cluster),
             },
-            "drain_rate_per_s": self.rates(finished, first_new),
+            "drain_rate_per_s": self.rates(finished, first_new, [t for _, _, t in acked]),
             "enqueue": producer.summary(self.fault_at),
             "duration_s": round(duration, 1),
             "all_final_after_s": round(settled, 1),
@@ -477,19 +473,32 @@ class Run:
         began = self.fault_at - self.params.standby_lag
         return sum(1 for _, _, t in producer.acked if began <= t <= self.fault_at)
 
-    def rates(self, finished: list[float], first_new: float | None) -> dict[str, Any]:
-        def rate(lo: float, hi: float) -> float:
-            return round(sum(1 for t in finished if lo <= t < hi) / (hi - lo), 1)
+    def rates(
+        self, finished: list[float], first_new: float | None, acked: list[float]
+    ) -> dict[str, Any]:
+        """Completions (and acknowledged enqueues) per second, and the backlog, in two windows.
 
-        window = RATE_WINDOW_SECONDS
+        When the backlog stays near zero the workers kept up, and the drain
+        rate is the producer's rate, not the workers' limit.
+        """
+
+        def window(lo: float) -> dict[str, float]:
+            hi = lo + RATE_WINDOW_SECONDS
+            done = sum(1 for t in finished if lo <= t < hi)
+            enqueued = sum(1 for t in acked if lo <= t < hi)
+            backlog = sum(1 for t in acked if t < hi) - sum(1 for t in finished if t < hi)
+            return {
+                "completed_per_s": round(done / RATE_WINDOW_SECONDS, 1),
+                "acknowledged_enqueues_per_s": round(enqueued / RATE_WINDOW_SECONDS, 1),
+                "backlog_at_end": max(backlog, 0),
+            }
+
         if self.fault_at is None:
             return {}
         return {
-            "window_s": window,
-            "before_fault": rate(self.fault_at - window, self.fault_at),
-            "after_first_completion_on_new_primary": (
-                rate(first_new, first_new + window) if first_new else None
-            ),
+            "window_s": RATE_WINDOW_SECONDS,
+            "before_fault": window(self.fault_at - RATE_WINDOW_SECONDS),
+            "after_first_completion_on_new_primary": window(first_new) if first_new else None,
         }
 
     def events(self, cluster: Cluster) -> list[dict[str, Any]]:
