@@ -617,17 +617,7 @@ class Run:
         assert self.pool is not None
         faults["worker_incarnations"] = len(self.pool.history)
         faults["workers_respawned_after_exit"] = self.respawned
-        head = {
-            k: figures.pop(k)
-            for k in (
-                "jobs",
-                "completed",
-                "lost",
-                "duplicate_effects",
-                "stale_outcomes_rejected",
-                "fencing_violations",
-            )
-        }
+        head = verify.headline(figures)
         return {
             "scenario": p.scenario,
             **head,

@@ -377,17 +377,7 @@ class Run:
         after = [t for t in finished if self.fault_at and t > self.fault_at]
         first_new = after[0] if after else None
         conf = _conveyor_settings()
-        head = {
-            k: figures.pop(k)
-            for k in (
-                "jobs",
-                "completed",
-                "lost",
-                "duplicate_effects",
-                "stale_outcomes_rejected",
-                "fencing_violations",
-            )
-        }
+        head = verify.headline(figures)
         return {
             "scenario": p.scenario,
             "replication": "synchronous" if p.replication == "sync" else "asynchronous",
