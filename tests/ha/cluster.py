@@ -336,7 +336,7 @@ class Cluster:
 
     # -- faults --------------------------------------------------------------
 
-    def crash(self, node: Node) -> float:
+    def crash(self, node: Node) -> float:  # The time of the crash.
         """The host dies: SIGKILL its keeper, postmaster and every server process at once.
 
         All of them, not the postmaster alone: a backend or WAL sender outlives its
@@ -345,7 +345,6 @@ class Cluster:
         """
         postmaster = node.postmaster_pid()
         pids = [postmaster, *_children(postmaster)] if postmaster else []
-        at = time.time()  # The moment of the crash: after the (slow) look for its processes.
         if node.keeper is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(node.keeper.pid, signal.SIGKILL)
@@ -353,6 +352,7 @@ class Cluster:
             if pid:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
+        at = time.time()  # From here on, nothing commits on this node.
         if node.keeper is not None:
             node.keeper.wait(10)
         _wait(lambda: not _postmaster_alive(node), f"{node.name}'s postmaster to die")
@@ -363,9 +363,9 @@ class Cluster:
         self._run(node)
 
     def cut(self, node: Node) -> float:
-        at = time.time()
+        """Cut the node's host off; the time from which no packet passes."""
         self.network.cut(node.host)
-        return at
+        return time.time()
 
     def heal(self, node: Node) -> None:
         self.network.heal(node.host)
