@@ -336,8 +336,8 @@ class Cluster:
 
     # -- faults --------------------------------------------------------------
 
-    def crash(self, node: Node) -> float:  # The time of the crash.
-        """The host dies: SIGKILL its keeper, postmaster and every server process at once.
+    def crash(self, node: Node) -> float:
+        """The host dies: SIGKILL its keeper, postmaster and every server process; returns when.
 
         All of them, not the postmaster alone: a backend or WAL sender outlives its
         postmaster for a moment (and a stopped one until it is continued), which a
