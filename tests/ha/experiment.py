@@ -176,6 +176,7 @@ class Run:
         self.log_dir = self.work / "logs"
         self.log_dir.mkdir()
         self.fault_at: float | None = None
+        self.lag_began: float | None = None  # When the WAL senders were frozen.
         self.promoted: Node | None = None
         self.timeline: dict[str, float] = {}
         self.progress: list[tuple[float, int]] = []
@@ -310,6 +311,7 @@ class Run:
             pids = [int(r[0]) for r in conn.execute(WAL_SENDERS).fetchall()]
         for pid in pids:
             os.kill(pid, signal.SIGSTOP)
+        self.lag_began = time.time()
         time.sleep(self.params.standby_lag)
         return pids
 
@@ -457,11 +459,16 @@ class Run:
             return None
         return [round(min(times) - self.fault_at, 3), round(max(times) - self.fault_at, 3)]
 
-    def acked_during_lag(self, producer: Producer) -> int | None:
-        if not self.params.standby_lag or self.fault_at is None:
+    def acked_during_lag(self, producer: Producer) -> dict[str, Any] | None:
+        """Acknowledged between the freeze of the WAL senders and the fault: what may be lost."""
+        if self.lag_began is None or self.fault_at is None:
             return None
-        began = self.fault_at - self.params.standby_lag
-        return sum(1 for _, _, t in producer.acked if began <= t <= self.fault_at)
+        return {
+            "began_after_fault_s": round(self.lag_began - self.fault_at, 2),
+            "acknowledged": sum(
+                1 for *_, t in producer.acked if self.lag_began <= t <= self.fault_at
+            ),
+        }
 
     def rates(
         self, finished: list[float], first_new: float | None, acked: list[float]
