@@ -55,6 +55,7 @@ HEAL_AFTER_SECONDS = 5.0  # A partition lasts until this long after the promotio
 RATE_WINDOW_SECONDS = 10.0
 MONITOR_SECONDS = 0.5
 REJOIN_TIMEOUT_SECONDS = 120.0
+EVENTS_AFTER_FAULT_SECONDS = 900.0  # The monitor events the JSON keeps.
 
 JOB_KEYS = "SELECT idempotency_key, id, state FROM conveyor_job"
 FINISHED = "SELECT extract(epoch FROM finished_at) FROM conveyor_job WHERE state = 'completed'"
@@ -316,12 +317,10 @@ class Run:
         return pids
 
     def wait_rejoined(self, cluster: Cluster, old: Node) -> None:
+        """Until the old primary is a standby again (when it got there: the monitor's events)."""
         deadline = time.monotonic() + REJOIN_TIMEOUT_SECONDS
         while time.monotonic() < deadline:
             if cluster.states().get(old.name) == "secondary":
-                self.timeline["old_primary_rejoined_after_fault_s"] = time.time() - (
-                    self.fault_at or 0
-                )
                 return
             time.sleep(MONITOR_SECONDS)
 
@@ -380,6 +379,7 @@ class Run:
         first_new = after[0] if after else None
         conf = _conveyor_settings()
         head = verify.headline(figures)
+        events = self.events(cluster)
         return {
             "scenario": p.scenario,
             "replication": "synchronous" if p.replication == "sync" else "asynchronous",
@@ -406,7 +406,8 @@ class Run:
                 "first_completion_on_new_primary_after_fault_s": (
                     round(first_new - self.fault_at, 2) if first_new and self.fault_at else None
                 ),
-                "monitor_events": self.events(cluster),
+                **self.milestones(events, first.name),
+                "monitor_events": events,
             },
             "drain_rate_per_s": self.rates(finished, first_new, [t for _, _, t in acked]),
             "enqueue": producer.summary(self.fault_at),
@@ -498,13 +499,34 @@ class Run:
             "after_first_completion_on_new_primary": window(first_new) if first_new else None,
         }
 
+    @staticmethod
+    def milestones(events: list[dict[str, Any]], old: str) -> dict[str, float | None]:
+        """When the monitor saw the loss, and when the old primary was a standby again."""
+
+        def first(match: Any) -> float | None:
+            return next(
+                (e["after_fault_s"] for e in events if e["after_fault_s"] > 0 and match(e)), None
+            )
+
+        return {
+            "loss_noticed_after_fault_s": first(
+                lambda e: e["node"] == old and e["goal"] == "draining"
+            ),
+            "old_primary_rejoined_after_fault_s": first(
+                lambda e: e["node"] == old and e["reported"] == e["goal"] == "secondary"
+            ),
+            "standby_back_after_fault_s": first(
+                lambda e: e["node"] != old and e["reported"] == e["goal"] == "primary"
+            ),
+        }
+
     def events(self, cluster: Cluster) -> list[dict[str, Any]]:
         if self.fault_at is None:
             return []
         out = []
         for e in cluster.events():
             at = e["eventtime"].timestamp() - self.fault_at
-            if -2 < at < 120:
+            if -2 < at < EVENTS_AFTER_FAULT_SECONDS:
                 out.append(
                     {
                         "after_fault_s": round(at, 2),
