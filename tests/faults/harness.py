@@ -27,7 +27,7 @@ from tests.pgbouncer.bouncer import (
     session_state_errors,
 )
 
-from . import latency, pg, poison, verify
+from . import hosts, latency, pg, poison, verify
 from .hosts import Host, Network
 from .injectors import Injector, Kill9, Partition, PgRestart, SigStop, SigStopInAtomic
 from .proxy import FaultProxy
@@ -161,7 +161,12 @@ def parse_args(argv: list[str] | None) -> Params:
     if args.scenario == LATENCY and (args.workflows or args.pgbouncer):
         parser.error(f"--scenario {LATENCY} takes neither --workflows nor --pgbouncer.")
     if args.hosts and args.pgbouncer:
-        parser.error("--hosts and --pgbouncer do not go together (yet).")
+        parser.error("--hosts and --pgbouncer do not go together.")
+    if args.hosts:
+        try:
+            hosts.require()
+        except hosts.HostsUnavailable as exc:
+            parser.error(str(exc))
     if args.work is None:  # The latency scenario measures the queue, not the handler's sleep.
         args.work = (0.0, 0.0) if args.scenario == LATENCY else WORK_SECONDS
     if args.workflows:
