@@ -455,7 +455,7 @@ class Run:
         assert self.db_host is not None
         p = self.params
         network = "network" in p.faults
-        hosts = []
+        placed = []
         for host in self.worker_hosts:
             port = pg.free_port()
             relay = FaultProxy(
@@ -473,8 +473,8 @@ class Run:
                 "CONVEYOR_FAULTS_PG_HOST": self.db_host.address,
                 "CONVEYOR_FAULTS_PG_PORT": str(port),
             }
-            hosts.append(WorkerHost(host.name, tuple(host.command()), env))
-        return hosts
+            placed.append(WorkerHost(host.name, tuple(host.command()), env))
+        return placed
 
     def set_latency(self, rtt_ms: float) -> None:
         for relay in self.relays:
