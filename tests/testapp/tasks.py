@@ -400,3 +400,14 @@ def checkpoint_misuse(context):
     except TypeError as exc:
         messages.append("is not JSON-serializable" if "JSON-serializable" in str(exc) else str(exc))
     return messages
+
+
+@task(takes_context=True)
+def fenced_once_then_apply(context, label):
+    """Its first attempt finds its connection read-only (a fenced primary), as a handler would."""
+    from django.db import connection
+
+    if context.attempt == 1:
+        with connection.cursor() as cursor:
+            cursor.execute("SET SESSION default_transaction_read_only = on")
+    return apply_once.func(context, label)
