@@ -165,8 +165,6 @@ def parse_args(argv: list[str] | None) -> Params:
         parser.error(f"Several --host-latency-ms values are for --scenario {LATENCY} only.")
     if args.scenario == LATENCY and (args.workflows or args.pgbouncer):
         parser.error(f"--scenario {LATENCY} takes neither --workflows nor --pgbouncer.")
-    if args.scenario == GATES and args.hosts:
-        parser.error(f"--scenario {GATES} takes no --hosts.")
     if args.hosts and args.pgbouncer:
         parser.error("--hosts and --pgbouncer do not go together.")
     if args.hosts:
