@@ -3,8 +3,9 @@ wait_until conditions, and checkpointed steps, with real workers in burst mode."
 
 from datetime import UTC, datetime, timedelta
 
+import psycopg
 import pytest
-from django.db import transaction
+from django.db import DatabaseError, transaction
 from django.db.models import F, Q
 
 from django_conveyor import reject_signal, send_signal, workflows
@@ -225,6 +226,27 @@ class TestConditions:
         assert job(good).state == "completed"
         assert job(bad).state == "failed"
         assert job(bad).errors[-1]["exception_class_path"].endswith("ConditionInvalid")
+
+    def test_a_read_only_session_is_dropped_so_the_next_pass_checks_again(self):
+        """After a failover Django's session may be on the fenced primary: not for ever."""
+        from django.db import connection
+
+        from django_conveyor.worker.connections import connection_params, is_read_only
+
+        result = chain(workflows.wait_until(Effect, Q(label="later"))).enqueue()
+        Effect.objects.create(job_id=1, token=0, worker="", label="later")
+        with connection.cursor() as cursor:
+            cursor.execute("SET SESSION default_transaction_read_only = on")
+        service = GatesService(database="default")
+        with psycopg.connect(**connection_params("default"), autocommit=True) as loop:
+            with pytest.raises(DatabaseError) as refused:
+                service.run_once(loop.cursor(), Now.read())
+            assert is_read_only(refused.value)  # The loop reconnects on it, and says so.
+            assert connection.connection is None  # Dropped: the next session may write.
+            assert job(result[0]).state == "blocked"
+            counts = service.run_once(loop.cursor(), Now.read())
+        assert (counts.conditions_checked, counts.conditions_met) == (1, 1)
+        assert job(result[0]).state == "completed"
 
 
 class TestCheckpoints:

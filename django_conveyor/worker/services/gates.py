@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 from typing import Any, NamedTuple
 
-from django.db import transaction
+from django.db import connections, transaction
 
 from ... import protocol
 from ...conf import DEFAULT_GATES_SECONDS
@@ -51,6 +51,11 @@ def _transaction(cursor: Any) -> Any:
     if django_connection is not None:  # A Django cursor (tests, `testing.py`).
         return transaction.atomic(using=django_connection.alias)
     return cursor.connection.transaction()  # The worker's autocommit psycopg connection.
+
+
+def _close(connection: Any) -> None:
+    if not connection.in_atomic_block:  # A caller's transaction (a test's) is left alone.
+        connection.close()
 
 
 class GatesService:
@@ -80,6 +85,13 @@ class GatesService:
         for gate in ended:
             logger.info("gate %s (%s, queue %s): deadline passed -> %s",
                         gate.id, gate.task_path, gate.queue, gate.state)  # fmt: skip
-        checked = check_conditions(self.database, after=self.after, limit=self.condition_batch)
+        try:
+            checked = check_conditions(self.database, after=self.after, limit=self.condition_batch)
+        except Exception:
+            # Django's connection is not the loop's, which the loop renews: it
+            # may be broken, or on a server that takes no writes (a fenced
+            # primary, after a failover). The next pass opens a new one.
+            _close(connections[self.database])
+            raise
         self.after = checked.last_id
         return GateCounts(len(ended), checked.checked, checked.ended)
