@@ -75,13 +75,15 @@ def worker_env() -> dict[str, str]:
     return env
 
 
-def start_worker(*args: str, log: Path | None = None) -> subprocess.Popen[bytes]:
-    """A real `manage.py conveyor_worker` process against the test database."""
+def start_worker(
+    *args: str, log: Path | None = None, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """A real `manage.py conveyor_worker` process against the test database (`env` added)."""
     out = open(log, "wb") if log else subprocess.DEVNULL  # noqa: SIM115
     return subprocess.Popen(
         [sys.executable, "-m", "django", "conveyor_worker", "-v", "2", *args],
         cwd=REPO,
-        env=worker_env(),
+        env={**worker_env(), **(env or {})},
         stdout=out,
         stderr=subprocess.STDOUT,
         start_new_session=True,

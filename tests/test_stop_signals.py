@@ -9,6 +9,7 @@ must stay one graceful stop: exit 0, unfinished jobs handed back at once.
 import os
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -166,3 +167,40 @@ def test_sigquit_stops_a_single_worker_at_once(procs, tmp_path):
     os.kill(proc.pid, signal.SIGQUIT)
     assert exit_code(proc, tmp_path, "w") == 128 + signal.SIGQUIT
     assert running(1)
+
+
+LOCK_HELD = """
+import os, signal, sys, threading
+sys.path.insert(0, os.getcwd())
+import django
+django.setup()
+from django_conveyor.worker.loop import Worker
+from django_conveyor.worker.config import WorkerOptions
+
+worker = Worker(WorkerOptions(queues=("default",), listen=False))
+worker.signals.install()
+# The main thread holds the wake event's lock, as it does for a few bytecodes
+# inside every wake.wait() and wake.clear(): the stop signal lands right then.
+with worker.wake._cond:
+    signal.raise_signal(signal.SIGTERM)
+    print("the handler returned", flush=True)
+print("stopping:", worker.stopping.wait(10), flush=True)
+"""
+
+
+def test_a_stop_signal_landing_while_the_loop_holds_its_wake_lock_still_stops(tmp_path):
+    """The flaky zombie test's cause (issue 21): the handler took a lock its own thread held."""
+    from tests.helpers import REPO, worker_env
+
+    proc = subprocess.Popen(
+        [sys.executable, "-c", LOCK_HELD], cwd=REPO, env=worker_env(),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        out, _ = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+        raise AssertionError(f"the signal handler deadlocked:\n{out[-3000:]}") from None
+    assert proc.returncode == 0, out
+    assert "the handler returned" in out and "stopping: True" in out, out
