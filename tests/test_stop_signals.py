@@ -17,7 +17,7 @@ import pytest
 from django_conveyor.models import Job
 from django_conveyor.worker.shutdown import REPEAT_GRACE_SECONDS
 from tests.helpers import start_logged_worker as worker
-from tests.helpers import wait_until
+from tests.helpers import stop_wait_seconds, wait_until
 from tests.test_processes import child_pids, states
 from tests.testapp import tasks
 from tests.testapp.models import Effect
@@ -44,8 +44,9 @@ def assert_handed_back(ids: list[int]) -> None:
     assert all(r.errors == [] for r in rows)  # Handed back, not reaped.
 
 
-def exit_code(proc, tmp_path, name: str, timeout: float = 30) -> int:
+def exit_code(proc, tmp_path, name: str, timeout: float | None = None) -> int:
     """The process's exit status; a process still running fails with its log."""
+    timeout = stop_wait_seconds() if timeout is None else timeout
     try:
         return proc.wait(timeout)
     except subprocess.TimeoutExpired:

@@ -29,7 +29,7 @@ from django_conveyor.workflows import chain
 from tests.helpers import kill_group, start_worker, stop_process, wait_until
 from tests.testapp import tasks
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "shard"])
 
 PLUS_ONE = timezone(timedelta(hours=1))
 # Year 1 where it is written, 1 BC in UTC: PostgreSQL stores it, Python cannot load it.
@@ -39,9 +39,10 @@ UNREPRESENTABLE = [
     pytest.param(datetime(1, 1, 1, tzinfo=UTC), id="year-1-shown-west-of-UTC-is-year-0"),
     pytest.param(datetime(9999, 12, 31, 23, 30, tzinfo=timezone(-timedelta(hours=1))), id="10000"),
 ]
+BC = "'0001-01-01 00:30+01'"  # SQL: the same instant, 1 BC in UTC.
 UNREADABLE_UPDATES = {
     # Column values as SQL: what a hand-written row, an older version or a bug may leave.
-    "before year 1": "run_after = '0001-01-01 00:30:00+01', enqueued_run_after = run_after",
+    "before year 1": f"run_after = {BC}, enqueued_run_after = {BC}",
     "infinite": "enqueued_at = 'infinity'",
     "minus infinity": "run_after = '-infinity', enqueued_run_after = '-infinity'",
     "a 5,000-digit number": "args = '[1e5000, 2]'::jsonb",
@@ -144,6 +145,19 @@ def test_the_claim_of_the_test_runner_fails_the_row_too(conveyor):
     assert Job.objects.get(pk=int(good.id)).state == "completed"
     row = Job.objects.get(pk=int(broken.id))
     assert (row.state, row.errors[-1]["exception_class_path"]) == ("failed", UNREADABLE_ROW)
+
+
+def test_the_clamp_leaves_readable_and_null_timestamps_as_they_are():
+    from django.db.models import Max
+
+    result = tasks.add.enqueue(1, 2)
+    row = Job.objects.get(pk=int(result.id))
+    assert (row.started_at, row.finished_at, row.lease_expires_at) == (None, None, None)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT enqueued_at FROM conveyor_job WHERE id = %s", [row.id])
+        assert row.enqueued_at == cursor.fetchone()[0]  # To the microsecond.
+    assert Job.objects.aggregate(latest=Max("finished_at")) == {"latest": None}
+    assert list(Job.objects.values_list("started_at", flat=True)) == [None]
 
 
 class TestPagesAnswer:

@@ -355,7 +355,8 @@ class Run:
             )  # fmt: skip
         with pg.connect(self.pg_port) as conn, conn.transaction(), conn.cursor() as cur:
             rows = protocol.enqueue(cur, jobs, notify=True)
-        self.poisoned = {rows[position].id: name for position, name in chosen.items()}
+            self.poisoned = {rows[position].id: name for position, name in chosen.items()}
+            poison.corrupt(conn, self.poisoned)
 
     def enqueue_workflows(self) -> None:
         """Every workflow in one transaction, one ENQUEUE per step name (in dependency order)."""
