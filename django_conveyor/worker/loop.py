@@ -37,7 +37,7 @@ from .handlers.reporting import Reporter
 from .handlers.slots import SlotPool
 from .holdings import Holdings
 from .instrument import Counters, log_job
-from .preflight import BURST_GIVE_UP_SECONDS
+from .preflight import BURST_GIVE_UP_SECONDS, first_line
 from .services.base import Now, Service, Timetable
 from .services.heartbeat import Heartbeat
 from .services.reaper import Reaper
@@ -48,16 +48,8 @@ from .shutdown import StopSignals, exit_process
 
 logger = logging.getLogger(__name__)
 
-
-def first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
-
-
 EXIT_OK = 0
-EXIT_UNAVAILABLE = (
-    1  # A --burst worker whose passes kept failing (preflight.BURST_GIVE_UP_SECONDS).
-)
+EXIT_UNAVAILABLE = 1  # A --burst worker whose passes failed for BURST_GIVE_UP_SECONDS.
 DRAIN_PASS_SECONDS = 0.05  # How often the drain looks for finished handlers.
 DRAIN_RETRY_SECONDS = 0.2  # Pause after a database error while draining.
 
@@ -104,7 +96,7 @@ class Worker:
             self.stop, options.stop_signals, repeat_is_hard=not options.supervised
         )
         self.exit_code = EXIT_OK
-        self.statement_cancelled = False  # The statement_timeout cause was logged once.
+        self.statement_cancelled = False  # The statement_timeout cause was named this streak.
 
     def services(self) -> list[Service]:
         """The maintenance services the control loop schedules, in the order a pass runs them."""
@@ -223,9 +215,10 @@ class Worker:
                 claimed = self.one_pass()
                 reconnect.reset()
                 failing_since = None
+                self.statement_cancelled = False  # A later streak is named again.
             except Exception as exc:  # The loop logs and carries on.
                 delay = reconnect.next_delay()
-                self.log_failure(exc, delay, again=failing_since is not None)
+                self.log_failure(exc, delay)
                 self.connection.drop()  # Pending outcomes are written again, fenced.
                 failing_since = failing_since or time.monotonic()
                 if self.options.burst and time.monotonic() - failing_since >= BURST_GIVE_UP_SECONDS:
@@ -249,8 +242,8 @@ class Worker:
                 break
             self.wake.wait(self.sleep_seconds())
 
-    def log_failure(self, exc: Exception, delay: float, *, again: bool) -> None:
-        """Say why a pass failed: the real cause once, then a short line per repeat."""
+    def log_failure(self, exc: Exception, delay: float) -> None:
+        """Say why a pass failed: the real cause once a streak, then a short line per repeat."""
         if isinstance(exc, psycopg.errors.QueryCanceled):
             # 57014 is the server's statement_timeout (a role's, a database's), not an
             # outage: reconnecting cannot help, a longer timeout for this role can.

@@ -28,6 +28,11 @@ APP_LABEL = "conveyor"
 BURST_GIVE_UP_SECONDS = 30.0  # A --burst worker without a database for this long exits 1.
 
 
+def first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 class WorkerCannotStart(ConveyorConfigurationError):
     """The worker's database or settings leave it nothing it could do."""
 
@@ -92,7 +97,7 @@ def wait_for_database(database: str, *, burst: bool) -> None:
             return
         except OperationalError as exc:  # It does not answer; other errors are its answer.
             connections[database].close()
-            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            reason = first_line(exc)
             now = time.monotonic()
             first_failure = now if first_failure is None else first_failure
             if burst and now - first_failure >= BURST_GIVE_UP_SECONDS:
