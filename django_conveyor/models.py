@@ -12,6 +12,7 @@ from typing import Any
 
 from django.db import models
 from django.db.models import JSONField, Q, Value
+from django.db.models.fields.json import KeyTextTransform
 
 from .readable import InstantField, TolerantJSONDecoder
 from .states import JobState
@@ -77,6 +78,11 @@ class Job(models.Model):
         default=DependencyPolicy.CANCEL,
         db_default=DependencyPolicy.CANCEL.value,
     )
+    # Gates (docs/workflows.md, "Workflows that wait"): what a gate waits for
+    # (NULL: a job to run), and when it stops waiting at the latest, set when
+    # it starts to wait. Written by ENQUEUE and the gate statements of protocol.py.
+    gate = tolerant_json(null=True, blank=True)
+    gate_deadline = InstantField(null=True, blank=True)
 
     class Meta:
         db_table = "conveyor_job"
@@ -154,6 +160,20 @@ class Job(models.Model):
             # range per (state, queue), in id order) and the console's state
             # filter.
             models.Index(fields=["state", "queue", "id"], name="conveyor_job_list_idx"),
+            # Gates: the gates service's due timers and timeouts, and the
+            # waiting gates by kind (the Waiting page, conditions, metrics).
+            # Partial: a job that is not a gate has no entry in either.
+            models.Index(
+                fields=["gate_deadline"],
+                name="conveyor_job_gate_due_idx",
+                condition=Q(state="blocked", gate_deadline__isnull=False),
+            ),
+            models.Index(
+                KeyTextTransform("kind", "gate"),
+                "id",
+                name="conveyor_job_gate_waiting_idx",
+                condition=Q(state="blocked", gate__isnull=False),
+            ),
         ]
         constraints = [
             # Partial: most jobs have no key, and every claim and completion of a
@@ -217,6 +237,15 @@ class DeadLetter(Job):
         verbose_name_plural = "dead letters (failed and dead jobs)"
 
 
+class WaitingGate(Job):
+    """Gates that wait (a signal, a timer, a row condition), for the admin's Waiting page."""
+
+    class Meta:
+        proxy = True
+        verbose_name = "waiting gate"
+        verbose_name_plural = "waiting (gates: approvals, signals, timers, conditions)"
+
+
 class Queue(models.Model):
     name = models.CharField(max_length=64, primary_key=True)
     paused = models.BooleanField(default=False)
@@ -239,6 +268,8 @@ class LedgerEntry(models.Model):
     lease_version = models.BigIntegerField()
     worker = models.CharField(max_length=64)
     applied_at = InstantField()
+    # A checkpointed step's recorded result (effect key `checkpoint:<name>`).
+    value = tolerant_json(null=True, blank=True)
 
     class Meta:
         db_table = "conveyor_ledger"

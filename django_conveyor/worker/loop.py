@@ -32,13 +32,14 @@ from .attempts import RELEASE, Attempt, Outcome
 from .backoff import WORKER_RECONNECT_SECONDS, Ladder
 from .claims import Claimer
 from .config import WorkerConfig, WorkerOptions
-from .connections import Listener, LoopConnection
+from .connections import READ_ONLY, Listener, LoopConnection, is_read_only, one_line
 from .handlers.reporting import Reporter
 from .handlers.slots import SlotPool
 from .holdings import Holdings
 from .instrument import Counters, log_job
 from .preflight import BURST_GIVE_UP_SECONDS, first_line
 from .services.base import Now, Service, Timetable
+from .services.gates import GatesService
 from .services.heartbeat import Heartbeat
 from .services.reaper import Reaper
 from .services.registry import Registry, WorkerInfo
@@ -103,6 +104,7 @@ class Worker:
         services: list[Service] = [
             self.heartbeat,
             Reaper(interval=self.config.reap_seconds),
+            GatesService(database=self.config.database, interval=self.config.gates_seconds),
             Timeouts(self.holdings, abandon=self.slots.abandon),
             self.registry,
         ]
@@ -265,8 +267,10 @@ class Worker:
                 delay,
             )
             return
-        if isinstance(exc, psycopg.OperationalError):
-            logger.warning("database unavailable (%s); reconnecting in %.1fs", exc, delay)
+        if is_read_only(exc):
+            logger.warning("%s: reconnecting in %.1fs", READ_ONLY, delay)
+        elif isinstance(exc, psycopg.OperationalError):
+            logger.warning("database unavailable (%s); reconnecting in %.1fs", one_line(exc), delay)
         else:
             logger.exception("control loop error; retrying in %.1fs", delay)
 

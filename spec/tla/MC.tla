@@ -15,6 +15,8 @@ FanInChain == [j \in Jobs |-> IF j = j3 THEN {j1, j2}
 
 \* Cancelling a running job with a dependent: j2 waits for j1 (policy 'cancel').
 CancelChain == [j \in Jobs |-> IF j = j2 THEN {j1} ELSE {}]
+\* Gates (issue 27): a chain j1 -> j2 -> j3 in which j2 is a gate.
+GateChain == [j \in Jobs |-> IF j = j2 THEN {j1} ELSE IF j = j3 THEN {j2} ELSE {}]
 
 \* Jobs and workers are interchangeable (safety runs only).
 JobsAndWorkers == {p @@ q : p \in Permutations(Jobs), q \in Permutations(Workers)}

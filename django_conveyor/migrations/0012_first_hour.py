@@ -13,7 +13,7 @@ import django_conveyor.readable
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("conveyor", "0010_lean_indexes"),
+        ("conveyor", "0011_gates"),
     ]
 
     operations = [
@@ -109,6 +109,18 @@ class Migration(migrations.Migration):
         ),
         migrations.AlterField(
             model_name="job",
+            name="gate",
+            field=models.JSONField(
+                blank=True, decoder=django_conveyor.readable.TolerantJSONDecoder, null=True
+            ),
+        ),
+        migrations.AlterField(
+            model_name="job",
+            name="gate_deadline",
+            field=django_conveyor.readable.InstantField(blank=True, null=True),
+        ),
+        migrations.AlterField(
+            model_name="job",
             name="history",
             field=models.JSONField(
                 blank=True,
@@ -150,6 +162,13 @@ class Migration(migrations.Migration):
             model_name="ledgerentry",
             name="applied_at",
             field=django_conveyor.readable.InstantField(),
+        ),
+        migrations.AlterField(
+            model_name="ledgerentry",
+            name="value",
+            field=models.JSONField(
+                blank=True, decoder=django_conveyor.readable.TolerantJSONDecoder, null=True
+            ),
         ),
         migrations.AlterField(
             model_name="queue",
