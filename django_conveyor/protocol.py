@@ -124,7 +124,7 @@ from .exceptions import (
     IdempotencyKeyReused,
     TooManyDependencies,
 )
-from .readable import fetch_all, loads_or_unreadable
+from .readable import Unreadable, fetch_all, loads_or_unreadable
 from .serialization import loaded
 from .states import JobState
 
@@ -1377,7 +1377,7 @@ FOR UPDATE SKIP LOCKED
 
 def waiting_conditions(
     cursor: Cursor, *, after: int, limit: int, ids: Sequence[int] | None = None
-) -> list[tuple[int, dict[str, Any]]]:
+) -> list[tuple[int, Any]]:
     """Lock up to `limit` waiting condition gates after `after` (or of `ids`): (id, condition).
 
     Rows another transaction holds are skipped: a later pass checks them.
@@ -1386,7 +1386,13 @@ def waiting_conditions(
         WAITING_CONDITIONS,
         {"after": after, "limit": limit, "ids": list(ids) if ids is not None else None},
     )
-    return [(gate_id, loaded(gate)["condition"]) for gate_id, gate in cursor.fetchall()]
+    return [(gate_id, _condition(gate)) for gate_id, gate in fetch_all(cursor)]
+
+
+def _condition(gate: Any) -> Any:
+    """A gate's stored condition, or `Unreadable` (a row written by hand): its gate fails alone."""
+    loaded_gate = loads_or_unreadable(gate, "gate")
+    return loaded_gate if isinstance(loaded_gate, Unreadable) else loaded_gate["condition"]
 
 
 _CONDITION_INVALID_ENTRY = _gate_error_entry("ConditionInvalid", "h.error")

@@ -227,6 +227,25 @@ class TestConditions:
         assert job(bad).state == "failed"
         assert job(bad).errors[-1]["exception_class_path"].endswith("ConditionInvalid")
 
+    def test_a_condition_python_cannot_load_fails_its_own_gate_only(self):
+        """A gate row written by hand with a 5,000-digit number jams no other gate."""
+        from django.db import connection
+
+        good = chain(workflows.wait_until(Effect, Q(label="x"))).enqueue()[0]
+        bad = chain(workflows.wait_until(Effect, Q(label="y"))).enqueue()[0]
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "UPDATE conveyor_job SET gate = jsonb_set(gate, '{condition,huge}',"
+                " ('1' || repeat('0', 5000))::jsonb) WHERE id = %s",
+                [int(bad.id)],
+            )
+        Effect.objects.create(job_id=1, token=0, worker="", label="x")
+        fire_gates()
+        assert job(good).state == "completed"
+        assert job(bad).state == "failed"
+        assert job(bad).errors[-1]["exception_class_path"].endswith("ConditionInvalid")
+        assert "cannot be loaded" in job(bad).errors[-1]["traceback"]
+
     def test_a_read_only_session_is_dropped_so_the_next_pass_checks_again(self):
         """After a failover Django's session may be on the fenced primary: not for ever."""
         from django.db import connection
