@@ -71,8 +71,8 @@ def run_after_problem(run_after: Any) -> str | None:
     if instant_breach(run_after, naive_zone=timezone.get_default_timezone()):
         return (
             f"run_after {run_after.isoformat()} must be an instant between "
-            f"{EARLIEST_INSTANT:%Y-%m-%d} and {LATEST_INSTANT:%Y-%m-%d} UTC: Python cannot show "
-            "it in every time zone, so no worker or page could read it back."
+            f"{EARLIEST_INSTANT.date().isoformat()} and {LATEST_INSTANT:%Y-%m-%d} UTC: Python "
+            "cannot show it in every time zone, so no worker or page could read it back."
         )
     now = datetime.now() if timezone.is_naive(run_after) else timezone.now()
     if run_after > now + timedelta(seconds=MAX_SECONDS):

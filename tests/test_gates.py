@@ -1,7 +1,7 @@
 """Gates in workflows, end to end: the builders, send_signal and its refusals,
 wait_until conditions, and checkpointed steps, with real workers in burst mode."""
 
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 
 import psycopg
 import pytest
@@ -61,6 +61,16 @@ class TestBuilders:
             (lambda: workflows.sleep(), "exactly one of them"),
             (lambda: workflows.sleep(timedelta(1), until=datetime.now(UTC)), "exactly one"),
             (lambda: workflows.sleep(until=datetime(2030, 1, 1)), "aware datetime"),
+            (
+                lambda: workflows.sleep(
+                    until=datetime(1, 1, 1, 0, 30, tzinfo=timezone(timedelta(hours=1)))
+                ),
+                "until 0001-01-01T00:30:00[+]01:00 must be an instant from 0001-01-02 UTC",
+            ),
+            (
+                lambda: workflows.sleep(until=datetime(9999, 12, 31, tzinfo=UTC)),
+                "to ten years from now",
+            ),
             (lambda: workflows.signal("x", dependency_policy="maybe"), "dependency_policy"),
         ],
     )
