@@ -1351,14 +1351,17 @@ def signal(
 GATE_STATE = "SELECT state, pending_dependencies, gate FROM conveyor_job WHERE id = %(id)s"
 
 
-def gate_state(cursor: Cursor, *, gate_id: int) -> tuple[str, int, dict[str, Any] | None] | None:
-    """A job's state, pending count and gate definition (None: no such job)."""
+def gate_state(cursor: Cursor, *, gate_id: int) -> tuple[str, int, Any] | None:
+    """A job's state, pending count and gate definition (None: no such job).
+
+    The definition is a dict, None (not a gate) or `Unreadable` (a row written by hand).
+    """
     cursor.execute(GATE_STATE, {"id": gate_id})
-    rows = cursor.fetchall()
+    rows = fetch_all(cursor)
     if not rows:
         return None
     state, pending, gate = rows[0]
-    return state, pending, loaded(gate)
+    return state, pending, loads_or_unreadable(gate, "gate")
 
 
 # The waiting condition gates in id order, after the last one checked

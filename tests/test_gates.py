@@ -191,6 +191,25 @@ class TestTimers:
         assert fire_gates().gates_timed_out == 0
         assert job(result[0]).gate_deadline == later.replace(microsecond=later.microsecond)
 
+    def test_a_signal_gate_python_cannot_load_is_refused_alone(self):
+        """Approving a batch skips it; a signal to it says why, and the others pass."""
+        from django.db import connection
+
+        from django_conveyor import operations
+
+        good = chain(workflows.signal("go")).enqueue()[0]
+        bad = chain(workflows.signal("go")).enqueue()[0]
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "UPDATE conveyor_job SET gate = jsonb_set(gate, '{huge}',"
+                " ('1' || repeat('0', 5000))::jsonb), state = 'failed' WHERE id = %s",
+                [int(bad.id)],
+            )
+        assert operations.approve([int(bad.id), int(good.id)]) == [int(good.id)]
+        assert job(good).state == "completed"
+        with pytest.raises(WrongSignal, match="definition cannot be loaded"):
+            send_signal(bad, "go")
+
     def test_a_timed_out_signal_refuses_late_signals_and_requeue_makes_it_wait_again(self):
         from django_conveyor import operations
 
