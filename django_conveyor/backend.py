@@ -17,7 +17,17 @@ from django.db import connections
 from django.utils import timezone
 
 from . import protocol
-from .bounds import MAX_INT, MAX_SECONDS, count_breach, is_count, is_number, seconds_breach
+from .bounds import (
+    EARLIEST_INSTANT,
+    LATEST_INSTANT,
+    MAX_INT,
+    MAX_SECONDS,
+    count_breach,
+    instant_breach,
+    is_count,
+    is_number,
+    seconds_breach,
+)
 from .compat import (
     TASK_MAX_PRIORITY,
     TASK_MIN_PRIORITY,
@@ -27,8 +37,8 @@ from .compat import (
     log_task_enqueued,
     task_enqueued,
 )
-from .conf import conveyor_settings
-from .exceptions import DependencyInOtherDatabase
+from .conf import conveyor_settings, not_postgresql
+from .exceptions import ConveyorConfigurationError, DependencyInOtherDatabase
 from .results import ConveyorTaskResult, parse_result_id, result_from_job, result_id, task_result
 from .serialization import json_round_trip, text_problem
 from .signals import heard, task_enqueue_replayed
@@ -37,10 +47,16 @@ from .tasks import DEPENDENCY_POLICIES, ConveyorTask
 MAX_IDEMPOTENCY_KEY_LENGTH = 255
 
 
-def _check_run_after(run_after: Any) -> None:
-    """A datetime no later than ten years from now (bounds.MAX_SECONDS), or None."""
+def run_after_problem(run_after: Any) -> str | None:
+    """What is wrong with a `run_after` (a sentence naming it), or None.
+
+    A datetime is accepted up to ten years from now (bounds.MAX_SECONDS),
+    and only as an instant Python can show in every time zone
+    (bounds.instant_breach): PostgreSQL would store more, which no worker,
+    page or `get_result()` could read back.
+    """
     if run_after is None:
-        return
+        return None
     if not isinstance(run_after, datetime):
         hint = (
             " Parse it first, for example with datetime.fromisoformat()."
@@ -49,17 +65,22 @@ def _check_run_after(run_after: Any) -> None:
             if isinstance(run_after, timedelta | int | float)
             else ""
         )
-        raise InvalidTask(
-            f"run_after must be a datetime, not {type(run_after).__name__} {run_after!r:.80}.{hint}"
-        )
+        kind = type(run_after).__name__
+        return f"run_after must be a datetime, not {kind} {run_after!r:.80}.{hint}"
     # A naive one is local time (django.tasks refuses it when USE_TZ).
+    if instant_breach(run_after, naive_zone=timezone.get_default_timezone()):
+        return (
+            f"run_after {run_after.isoformat()} must be an instant between "
+            f"{EARLIEST_INSTANT.date().isoformat()} and {LATEST_INSTANT:%Y-%m-%d} UTC: Python "
+            "cannot show it in every time zone, so no worker or page could read it back."
+        )
     now = datetime.now() if timezone.is_naive(run_after) else timezone.now()
-    latest = now + timedelta(seconds=MAX_SECONDS)
-    if run_after > latest:
-        raise InvalidTask(
+    if run_after > now + timedelta(seconds=MAX_SECONDS):
+        return (
             f"run_after must be at most {MAX_SECONDS:.0f} seconds (ten years) from now, "
             f"not {run_after.isoformat()}."
         )
+    return None
 
 
 class ConveyorBackend(BaseTaskBackend):
@@ -82,7 +103,8 @@ class ConveyorBackend(BaseTaskBackend):
                 f"priority must be a whole number from {TASK_MIN_PRIORITY} to "
                 f"{TASK_MAX_PRIORITY}, not {type(priority).__name__} {priority!r:.40}."
             )
-        _check_run_after(task.run_after)
+        if problem := run_after_problem(task.run_after):
+            raise InvalidTask(problem)
         if isinstance(task.queue_name, str) and (problem := text_problem(task.queue_name)):
             raise InvalidTask(f"queue_name {task.queue_name!r:.80} {problem}.")
         super().validate_task(task)
@@ -180,7 +202,13 @@ class ConveyorBackend(BaseTaskBackend):
         idempotency key named an existing job).
         """
         database = conveyor_settings().database_for(tasks[0].queue_name)
-        with connections[database].cursor() as cursor:
+        connection = connections[database]
+        if connection.vendor != "postgresql":  # E020, for a process that skipped the checks.
+            engine = connection.settings_dict.get("ENGINE", "")
+            raise ConveyorConfigurationError(
+                f"{not_postgresql(database, engine)} Point it at PostgreSQL 14 or newer."
+            )
+        with connection.cursor() as cursor:
             enqueued = protocol.enqueue(cursor, jobs, notify=conveyor_settings().NOTIFY)
         results = []
         send = heard(task_enqueued, log_task_enqueued, logging.DEBUG)

@@ -7,6 +7,12 @@ passed as seconds). Counts are whole numbers up to `MAX_INT`, the largest
 PostgreSQL `integer` (attempts, priorities, limits); ports go up to
 `MAX_PORT`.
 
+Instants (a `run_after`, a tick) lie between `EARLIEST_INSTANT` and
+`LATEST_INSTANT`: one day inside what Python's datetime holds at either
+end, so that an instant can be shown in every time zone (0001-01-01 00:00
+UTC is year 0 in New York). PostgreSQL stores more (4713 BC, infinity),
+which Python cannot load: `instant_breach()` refuses those before SQL.
+
 `breach()` says which bound a number breaks, and `is_count()` /
 `is_number()` which values are numbers at all (never a bool). Every edge
 checks with them (the settings in conf.py, the command flags in
@@ -18,10 +24,13 @@ so that each error names the option as its caller knows it.
 from __future__ import annotations
 
 import enum
+from datetime import UTC, datetime, timedelta, tzinfo
 
 MAX_SECONDS = 10 * 365 * 24 * 3600.0
 MAX_INT = 2**31 - 1
 MAX_PORT = 65535
+EARLIEST_INSTANT = datetime.min.replace(tzinfo=UTC) + timedelta(days=1)
+LATEST_INSTANT = datetime.max.replace(tzinfo=UTC) - timedelta(days=1)
 
 
 class Breach(enum.Enum):
@@ -67,3 +76,18 @@ def seconds_breach(value: float, *, zero: bool = False) -> Breach | None:
 def count_breach(value: int, low: int = 1, high: int = MAX_INT) -> Breach | None:
     """A count from `low` to `high`."""
     return breach(value, minimum=low, maximum=high)
+
+
+def instant_breach(value: datetime, *, naive_zone: tzinfo = UTC) -> Breach | None:
+    """Which end of the instants Python can show `value` is past, or None.
+
+    A naive `value` is read in `naive_zone`. Aware datetimes compare by their
+    UTC instant without converting, so no value overflows here.
+    """
+    if value.utcoffset() is None:
+        value = value.replace(tzinfo=naive_zone)
+    if value < EARLIEST_INSTANT:
+        return Breach.BELOW
+    if value > LATEST_INSTANT:
+        return Breach.ABOVE
+    return None

@@ -316,6 +316,11 @@ def _database_problems(values: dict[str, Any], databases: Collection[str] | None
     return found
 
 
+def not_postgresql(database: str, engine: str) -> str:
+    """conveyor.E020's sentence: the system check, an enqueue and a worker all say it."""
+    return f"django-conveyor needs PostgreSQL, but DATABASES[{database!r}] uses {engine!r}."
+
+
 def written() -> Any:
     """The user's CONVEYOR value exactly as written (an empty dict when unset)."""
     return getattr(django_settings, "CONVEYOR", {})

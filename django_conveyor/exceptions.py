@@ -87,6 +87,10 @@ class OutcomeRefused(ConveyorError):
     """PostgreSQL refused to store an attempt's outcome; the job failed instead."""
 
 
+class UnreadableRow(ConveyorError):
+    """A job's row holds a value Python cannot load; the job failed without running."""
+
+
 class ArgumentsNotSerializable(ConveyorError, TypeError):
     """A task's arguments or return value cannot survive a JSON round trip."""
 

@@ -1,18 +1,28 @@
 """The tables of the public contract (DESIGN §3).
 
 Rows of `conveyor_job` change state only through `protocol.py`; the models
-exist for reading (admin, get_result) and for migrations.
+exist for reading (admin, get_result) and for migrations. Their timestamps
+and JSON load whatever a row holds (readable.py): a page never fails on a
+value Python cannot represent.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from django.db import models
 from django.db.models import JSONField, Q, Value
 from django.db.models.fields.json import KeyTextTransform
 
+from .readable import InstantField, TolerantJSONDecoder
 from .states import JobState
 
 PRIORITY_RANGE = Q(priority__gte=-100) & Q(priority__lte=100)
+
+
+def tolerant_json(**options: Any) -> models.JSONField:
+    """A JSON column every read can load (readable.py): numbers past Python's limits too."""
+    return models.JSONField(decoder=TolerantJSONDecoder, **options)
 
 
 class DependencyPolicy(models.TextChoices):
@@ -25,35 +35,35 @@ class DependencyPolicy(models.TextChoices):
 class Job(models.Model):
     id = models.BigAutoField(primary_key=True)
     task_path = models.CharField(max_length=255)
-    args = models.JSONField(default=list)
-    kwargs = models.JSONField(default=dict)
+    args = tolerant_json(default=list)
+    kwargs = tolerant_json(default=dict)
     queue = models.CharField(max_length=64, default="default")
     backend = models.CharField(max_length=64, default="default")
     priority = models.SmallIntegerField(default=0)
     state = models.CharField(max_length=16, choices=JobState.choices, default=JobState.AVAILABLE)
     attempt = models.IntegerField(default=0)
     max_attempts = models.IntegerField(default=5)
-    run_after = models.DateTimeField()  # When the job is next due (retries and snoozes move it).
+    run_after = InstantField()  # When the job is next due (retries and snoozes move it).
     # The run_after it was enqueued with (None: not deferred), as get_result() reports it.
-    enqueued_run_after = models.DateTimeField(null=True, blank=True)
+    enqueued_run_after = InstantField(null=True, blank=True)
     lease_owner = models.CharField(max_length=64, null=True, blank=True)  # noqa: DJ001
     lease_version = models.BigIntegerField(default=0)
-    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    lease_expires_at = InstantField(null=True, blank=True)
     # NULL, not "", for unkeyed jobs: the unique index (conveyor_job_idempotency_key_uniq)
     # holds keyed rows only, so the claims and completions of the others do not
     # write to it.
     idempotency_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
-    errors = models.JSONField(default=list, blank=True)
-    return_value = models.JSONField(null=True, blank=True)
-    enqueued_at = models.DateTimeField()
-    started_at = models.DateTimeField(null=True, blank=True)
-    finished_at = models.DateTimeField(null=True, blank=True)
+    errors = tolerant_json(default=list, blank=True)
+    return_value = tolerant_json(null=True, blank=True)
+    enqueued_at = InstantField()
+    started_at = InstantField(null=True, blank=True)
+    finished_at = InstantField(null=True, blank=True)
     # Operator history: {"time", "actor", "action", "detail"}, appended by
     # REQUEUE, CANCEL, REQUEST_CANCEL and CANCEL_HELD. The database default
     # covers every INSERT statement, whoever writes it.
-    history = models.JSONField(default=list, db_default=Value([], JSONField()), blank=True)
+    history = tolerant_json(default=list, db_default=Value([], JSONField()), blank=True)
     # A cancel request on a running job (REQUEST_CANCEL); REQUEUE clears it.
-    cancel_requested_at = models.DateTimeField(null=True, blank=True)
+    cancel_requested_at = InstantField(null=True, blank=True)
     cancel_requested_by = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
     # Crash containment: REAP sets it on a job whose lease expired, which CLAIM
     # then leaves to CLAIM_ISOLATED (one per worker, without claim-ahead
@@ -71,11 +81,16 @@ class Job(models.Model):
     # Gates (docs/workflows.md, "Workflows that wait"): what a gate waits for
     # (NULL: a job to run), and when it stops waiting at the latest, set when
     # it starts to wait. Written by ENQUEUE and the gate statements of protocol.py.
-    gate = models.JSONField(null=True, blank=True)
-    gate_deadline = models.DateTimeField(null=True, blank=True)
+    gate = tolerant_json(null=True, blank=True)
+    gate_deadline = InstantField(null=True, blank=True)
 
     class Meta:
         db_table = "conveyor_job"
+        # PostgreSQL's (conveyor.E020 refuses any other engine): said once by E020,
+        # not again by a warning per index on SQLite.
+        required_db_features = {
+            "supports_partial_indexes", "supports_covering_indexes", "supports_expression_indexes",
+        }  # fmt: skip
         ordering = ["-id"]
         permissions = [
             ("operate", "Can requeue and cancel jobs and pause queues"),
@@ -234,7 +249,7 @@ class WaitingGate(Job):
 class Queue(models.Model):
     name = models.CharField(max_length=64, primary_key=True)
     paused = models.BooleanField(default=False)
-    paused_at = models.DateTimeField(null=True, blank=True)
+    paused_at = InstantField(null=True, blank=True)
 
     class Meta:
         db_table = "conveyor_queue"
@@ -252,9 +267,9 @@ class LedgerEntry(models.Model):
     effect_key = models.CharField(max_length=255)
     lease_version = models.BigIntegerField()
     worker = models.CharField(max_length=64)
-    applied_at = models.DateTimeField()
+    applied_at = InstantField()
     # A checkpointed step's recorded result (effect key `checkpoint:<name>`).
-    value = models.JSONField(null=True, blank=True)
+    value = tolerant_json(null=True, blank=True)
 
     class Meta:
         db_table = "conveyor_ledger"
@@ -285,22 +300,23 @@ class Cron(models.Model):
     schedule = models.CharField(max_length=255, help_text="A cron expression (5 or 6 fields).")
     timezone = models.CharField(max_length=64, default="UTC", help_text="An IANA time zone.")
     task_path = models.CharField(max_length=255)
-    args = models.JSONField(default=list, blank=True)
-    kwargs = models.JSONField(default=dict, blank=True)
+    args = tolerant_json(default=list, blank=True)
+    kwargs = tolerant_json(default=dict, blank=True)
     queue = models.CharField(max_length=64, default="default")
     priority = models.SmallIntegerField(default=0)
     missed = models.CharField(max_length=8, choices=MissedTicks.choices, default="latest")
     enabled = models.BooleanField(default=True)
     # True while CONVEYOR["CRON"] declares it: settings own the row (read-only in the admin).
     declared = models.BooleanField(default=False)
-    next_tick_at = models.DateTimeField(null=True, blank=True)  # The next tick not yet enqueued.
-    last_tick_at = models.DateTimeField(null=True, blank=True)  # The latest tick enqueued.
+    next_tick_at = InstantField(null=True, blank=True)  # The next tick not yet enqueued.
+    last_tick_at = InstantField(null=True, blank=True)  # The latest tick enqueued.
     last_job_id = models.BigIntegerField(null=True, blank=True)  # The job of that tick.
-    created_at = models.DateTimeField(auto_now_add=True)
-    updated_at = models.DateTimeField(auto_now=True)
+    created_at = InstantField(auto_now_add=True)
+    updated_at = InstantField(auto_now=True)
 
     class Meta:
         db_table = "conveyor_cron"
+        required_db_features = {"supports_partial_indexes"}  # As Job's: E020 says it once.
         ordering = ["name"]
         verbose_name = "periodic schedule"
         indexes = [
@@ -337,13 +353,13 @@ class Worker(models.Model):
     id = models.CharField(max_length=64, primary_key=True)  # The lease_owner it writes.
     host = models.CharField(max_length=255)
     pid = models.IntegerField()
-    queues = models.JSONField(default=list)
+    queues = tolerant_json(default=list)
     concurrency = models.IntegerField()
-    started_at = models.DateTimeField()
-    last_seen_at = models.DateTimeField()
+    started_at = InstantField()
+    last_seen_at = InstantField()
     leases_held = models.IntegerField(default=0)
     version = models.CharField(max_length=32)  # django-conveyor's version.
-    stopped_at = models.DateTimeField(null=True, blank=True)  # A clean exit.
+    stopped_at = InstantField(null=True, blank=True)  # A clean exit.
 
     class Meta:
         db_table = "conveyor_worker"
@@ -367,10 +383,10 @@ class ApiKey(models.Model):
     name = models.CharField(max_length=100)
     prefix = models.CharField(max_length=16, unique=True)
     secret_hash = models.CharField(max_length=64)  # hex SHA-256 of the whole key.
-    scopes = models.JSONField(default=list)
-    created_at = models.DateTimeField()
-    last_used_at = models.DateTimeField(null=True, blank=True)
-    revoked_at = models.DateTimeField(null=True, blank=True)
+    scopes = tolerant_json(default=list)
+    created_at = InstantField()
+    last_used_at = InstantField(null=True, blank=True)
+    revoked_at = InstantField(null=True, blank=True)
 
     class Meta:
         db_table = "conveyor_api_key"

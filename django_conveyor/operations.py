@@ -83,7 +83,8 @@ def _signal_each(
     with transaction.atomic(using=database), connections[database].cursor() as cursor:
         for id_ in ids:
             found = protocol.gate_state(cursor, gate_id=id_)
-            name = (found[2] or {}).get("signal") if found else None
+            gate = found[2] if found else None
+            name = gate.get("signal") if isinstance(gate, dict) else None  # Unreadable: skipped.
             if name and protocol.signal(
                 cursor, gate_id=id_, name=name, payload=None if reject else payload,
                 reject=reject, reason="rejected in the admin" if reject else None, actor=actor,

@@ -18,7 +18,8 @@ States and the only transitions (DESIGN §3)::
     blocked / available --CANCEL--> cancelled
     failed / dead / cancelled --REQUEUE--> available (blocked with dependencies)
     running --REQUEST_CANCEL--> running, with a cancel request (no state change)
-    running with a cancel request --CANCEL_HELD (holder) / REAP (expired)--> cancelled
+    running with a cancel request --CANCEL_HELD (holder, also after its COMPLETE is refused)
+        / REAP (expired) / RETRY, SNOOZE, RELEASE--> cancelled
     (a schedule's tick) --CRON_ENQUEUE--> available, with the row of conveyor_cron advanced
     blocked gate that waits --SIGNAL / CONDITION_MET / GATE_TIMEOUT--> completed or failed
     running --CHECKPOINT--> running, with a step's record in conveyor_ledger (no state change)
@@ -39,7 +40,12 @@ request (`cancel_requested_at`, `cancel_requested_by`); HEARTBEAT reports it
 to the holder, which stops the handler and writes CANCEL_HELD under its
 token, so the handler's own outcome then matches zero rows. From the request
 on, LOCK_FOR_EFFECT refuses the job (no effect commits after a cancel), and
-a lease that expires instead is reaped to `cancelled`. REQUEUE clears it.
+so do COMPLETE and RECORD_RESULT: a handler that returned before its
+worker's heartbeat told it has its COMPLETE refused, and the holder writes
+CANCEL_HELD in the same transaction; RETRY, SNOOZE and RELEASE hand the job
+back as `cancelled`; a lease that expires instead is reaped to `cancelled`.
+A job with a cancel request therefore never ends completed, and its
+dependents are settled as for a cancel. REQUEUE clears the request.
 
 Crash containment. A job whose lease expired may have killed its worker,
 and the jobs claimed with it died too. So REAP marks a job it returns to
@@ -118,6 +124,7 @@ from .exceptions import (
     IdempotencyKeyReused,
     TooManyDependencies,
 )
+from .readable import Unreadable, fetch_all, loads_or_unreadable
 from .serialization import loaded
 from .states import JobState
 
@@ -304,7 +311,7 @@ def enqueue(cursor: Cursor, jobs: Sequence[NewJob], *, notify: bool) -> list[Enq
     existing: dict[str, tuple[Any, ...]] = {}
     if missing:
         cursor.execute(EXISTING_BY_KEY, {"keys": missing})
-        existing = {row[1]: row for row in cursor.fetchall()}
+        existing = {row[1]: row for row in fetch_all(cursor)}  # Any row, as it is.
     results: list[Enqueued] = []
     seen: dict[str, NewJob] = {}
     for job in jobs:
@@ -324,7 +331,8 @@ def enqueue(cursor: Cursor, jobs: Sequence[NewJob], *, notify: bool) -> list[Enq
                 id_, at, after, _ = by_key[key]
             else:
                 id_, _, at, after, task_path, args, kwargs, queue = existing[key]
-                args, kwargs = loaded(args), loaded(kwargs)
+                args = loads_or_unreadable(args, "args")
+                kwargs = loads_or_unreadable(kwargs, "kwargs")
                 _check_same_operation(key, id_, job, task_path, args, kwargs, queue)
             results.append(Enqueued(id_, at, after, created=False))
     _add_edges(cursor, jobs, results)
@@ -431,6 +439,8 @@ class Lease(NamedTuple):
     guarded by both, and the Lease carries them unchanged from CLAIM to that write.
     A named tuple, not a frozen dataclass: just as immutable, and built from a
     claimed row about seven times faster (one per job on the control loop).
+    A value the row holds that Python cannot load is a `readable.Unreadable`
+    (the worker fails that job without running it).
     """
 
     id: int
@@ -465,7 +475,11 @@ class Lease(NamedTuple):
 # - the update finds the picked rows by primary key (`id = ANY(ARRAY(...))`),
 #   where a join to the CTE may become a hash join over the whole table once
 #   the batch is a few hundred rows;
-# - the claimed rows come back in claim order, sorting only the batch.
+# - the claimed rows come back in claim order, sorting only the batch;
+# - nothing in it can fail on a row's values: the pickup delay subtracts
+#   epochs (float8: an infinite timestamp gives an infinite delay, where
+#   timestamp subtraction raises), and a value Python cannot load comes back
+#   as `readable.Unreadable`, for the worker to fail that job alone.
 def _claim(which: str, limit: str) -> str:
     """A claim statement: pick ready rows (`which` of them, up to `limit`), give each a token."""
     return f"""
@@ -495,8 +509,9 @@ WITH picked AS (
 )
 SELECT id, task_path, args, kwargs, queue, backend, priority, attempt, max_attempts,
        lease_version, idempotency_key, enqueued_at, started_at, lease_owner,
-       extract(epoch FROM started_at - greatest(enqueued_at, run_after))::float8,
-       NULLIF(errors, '[]'::jsonb), isolated, enqueued_run_after
+       date_part('epoch', started_at) - date_part('epoch', greatest(enqueued_at, run_after))
+           AS pickup_delay,
+       NULLIF(errors, '[]'::jsonb) AS errors, isolated, enqueued_run_after
 FROM claimed
 ORDER BY priority DESC, run_after, id
 """
@@ -518,7 +533,7 @@ def claim(
     cursor.execute(
         CLAIM, {"queues": list(queues), "limit": limit, "owner": owner, "lease": lease_seconds}
     )
-    return list(map(Lease._make, cursor.fetchall()))
+    return list(map(Lease._make, fetch_all(cursor)))
 
 
 # One job, in a statement of its own. The NOT EXISTS reads the worker's
@@ -544,7 +559,7 @@ def claim_isolated(
     `limit` is accepted for the claim steps' shared call, and ignored.
     """
     cursor.execute(CLAIM_ISOLATED, {"queues": list(queues), "owner": owner, "lease": lease_seconds})
-    return list(map(Lease._make, cursor.fetchall()))
+    return list(map(Lease._make, fetch_all(cursor)))
 
 
 # -- Outcomes: what the holder of a lease writes, under its token ----------------------------------
@@ -632,6 +647,8 @@ def heartbeat(
     return Renewed(rows, locked=[row[0] for row in cursor.fetchall()])
 
 
+# A cancel request refuses the completion: the job was answered "will end
+# cancelled", so it must not end completed (its holder writes CANCEL_HELD).
 COMPLETE = f"""
 UPDATE conveyor_job AS j
 SET state = 'completed', return_value = h.return_value, finished_at = now(),
@@ -639,6 +656,7 @@ SET state = 'completed', return_value = h.return_value, finished_at = now(),
 {_HELD}, return_value jsonb)
 WHERE j.id = h.id AND j.state = 'running'
   AND j.lease_owner = %(owner)s AND j.lease_version = h.version
+  AND j.cancel_requested_at IS NULL
 RETURNING j.id
 """
 
@@ -648,8 +666,12 @@ def complete(
 ) -> set[int]:
     """Mark jobs completed with their return values; returns the ids written.
 
-    Their dependents are unblocked in the same transaction (UNBLOCK), only
-    for the ids written: a refused completion unblocks nothing.
+    Guard: state running, owner and version (the token), and no cancel
+    request. Zero rows for a job means the lease was lost, or an operator
+    asked to cancel it: its holder then writes CANCEL_HELD (`cancel_held`),
+    in the same transaction. Their dependents are unblocked in the same
+    transaction (UNBLOCK), only for the ids written: a refused completion
+    unblocks nothing.
     """
     held = [{"id": i, "version": v, "return_value": r} for i, v, r in done]
     written = _guarded(cursor, COMPLETE, owner, held)
@@ -663,6 +685,7 @@ SET return_value = h.return_value
 {_HELD}, return_value jsonb)
 WHERE j.id = h.id AND j.state = 'completed'
   AND j.lease_owner = %(owner)s AND j.lease_version = h.version
+  AND j.cancel_requested_at IS NULL
 RETURNING j.id
 """
 
@@ -1328,14 +1351,17 @@ def signal(
 GATE_STATE = "SELECT state, pending_dependencies, gate FROM conveyor_job WHERE id = %(id)s"
 
 
-def gate_state(cursor: Cursor, *, gate_id: int) -> tuple[str, int, dict[str, Any] | None] | None:
-    """A job's state, pending count and gate definition (None: no such job)."""
+def gate_state(cursor: Cursor, *, gate_id: int) -> tuple[str, int, Any] | None:
+    """A job's state, pending count and gate definition (None: no such job).
+
+    The definition is a dict, None (not a gate) or `Unreadable` (a row written by hand).
+    """
     cursor.execute(GATE_STATE, {"id": gate_id})
-    rows = cursor.fetchall()
+    rows = fetch_all(cursor)
     if not rows:
         return None
     state, pending, gate = rows[0]
-    return state, pending, loaded(gate)
+    return state, pending, loads_or_unreadable(gate, "gate")
 
 
 # The waiting condition gates in id order, after the last one checked
@@ -1354,7 +1380,7 @@ FOR UPDATE SKIP LOCKED
 
 def waiting_conditions(
     cursor: Cursor, *, after: int, limit: int, ids: Sequence[int] | None = None
-) -> list[tuple[int, dict[str, Any]]]:
+) -> list[tuple[int, Any]]:
     """Lock up to `limit` waiting condition gates after `after` (or of `ids`): (id, condition).
 
     Rows another transaction holds are skipped: a later pass checks them.
@@ -1363,7 +1389,13 @@ def waiting_conditions(
         WAITING_CONDITIONS,
         {"after": after, "limit": limit, "ids": list(ids) if ids is not None else None},
     )
-    return [(gate_id, loaded(gate)["condition"]) for gate_id, gate in cursor.fetchall()]
+    return [(gate_id, _condition(gate)) for gate_id, gate in fetch_all(cursor)]
+
+
+def _condition(gate: Any) -> Any:
+    """A gate's stored condition, or `Unreadable` (a row written by hand): its gate fails alone."""
+    loaded_gate = loads_or_unreadable(gate, "gate")
+    return loaded_gate if isinstance(loaded_gate, Unreadable) else loaded_gate["condition"]
 
 
 _CONDITION_INVALID_ENTRY = _gate_error_entry("ConditionInvalid", "h.error")

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 from django.db import connections
 
+from .bounds import EARLIEST_INSTANT
 from .conf import conveyor_settings
 from .states import JobState
 
@@ -68,8 +69,13 @@ SELECT count(*) FROM (
 ) AS bounded
 """
 
-READY = """
-SELECT queue, count(*), EXTRACT(EPOCH FROM now() - min(run_after))::float8 FROM conveyor_job
+# The oldest due time no earlier than Python can show: a row's '-infinity'
+# would make the subtraction raise (and lag past any meaning).
+READY = f"""
+SELECT queue, count(*),
+       EXTRACT(EPOCH FROM now() - greatest(min(run_after), '{EARLIEST_INSTANT.isoformat()}'))
+           ::float8
+FROM conveyor_job
 WHERE state = 'available' AND run_after <= now()
 GROUP BY queue
 """

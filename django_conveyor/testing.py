@@ -41,8 +41,9 @@ from . import protocol
 from .compat import Task
 from .conf import conveyor_settings
 from .models import Job
+from .readable import loads_or_unreadable, unreadable_values
 from .results import ConveyorTaskResult, result_from_job, result_id
-from .serialization import json_round_trip, loaded
+from .serialization import json_round_trip
 from .states import JobState
 from .worker import attempts, outcomes
 from .worker.attempts import Attempt
@@ -231,9 +232,9 @@ def _claim(database: str, owner: str, queues: Sequence[str] | None) -> list[prot
     # Django's cursors hand jsonb over as text; the worker's own connection decodes it.
     return [
         lease._replace(
-            args=loaded(lease.args),
-            kwargs=loaded(lease.kwargs),
-            errors=loaded(lease.errors),
+            args=loads_or_unreadable(lease.args, "args"),
+            kwargs=loads_or_unreadable(lease.kwargs, "kwargs"),
+            errors=loads_or_unreadable(lease.errors, "errors"),
         )
         for lease in leases
     ]
@@ -245,10 +246,13 @@ class _RolledBack(Exception):
 
 def _run(attempt: Attempt, owner: str, ran: Ran, *, immediate_retries: bool) -> None:
     connection = connections[attempt.database]
-    attempt.started_at = time.monotonic()  # As a slot does: the attempt started.
-    if not connection.in_atomic_block:  # TransactionTestCase: as in a worker.
+    if unread := unreadable_values(attempt.lease):  # As a worker: it fails, never runs.
+        outcome = attempts.unreadable(attempt, unread)
+    elif not connection.in_atomic_block:  # TransactionTestCase: as in a worker.
+        attempt.started_at = time.monotonic()  # As a slot does: the attempt started.
         outcome = executor.execute(attempt)
     else:
+        attempt.started_at = time.monotonic()
         # A handler's failed statement aborts the test's transaction (a worker's
         # handler has a connection of its own): roll back to before the handler,
         # so that the outcome can be written and the test go on.
@@ -268,6 +272,8 @@ def _run(attempt: Attempt, owner: str, ran: Ran, *, immediate_retries: bool) -> 
     became = written.get(attempt.lease.id)
     ran.attempts.append((result_id(attempt.database, attempt.lease.id), became or "refused"))
     if became is not None:
+        outcome.became = became
+        attempts.log_written(outcome)
         reporting.report(outcome)
 
 

@@ -75,13 +75,15 @@ def worker_env() -> dict[str, str]:
     return env
 
 
-def start_worker(*args: str, log: Path | None = None) -> subprocess.Popen[bytes]:
-    """A real `manage.py conveyor_worker` process against the test database."""
+def start_worker(
+    *args: str, log: Path | None = None, env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """A real `manage.py conveyor_worker` process against the test database (`env` added)."""
     out = open(log, "wb") if log else subprocess.DEVNULL  # noqa: SIM115
     return subprocess.Popen(
         [sys.executable, "-m", "django", "conveyor_worker", "-v", "2", *args],
         cwd=REPO,
-        env=worker_env(),
+        env={**worker_env(), **(env or {})},
         stdout=out,
         stderr=subprocess.STDOUT,
         start_new_session=True,
@@ -97,9 +99,24 @@ def start_logged_worker(
     return proc
 
 
+STOP_MARGIN_SECONDS = 30.0  # Past the worker's own shutdown timeout: hand-back, flush, exit.
+
+
+def stop_wait_seconds() -> float:
+    """How long a test waits for a worker it stopped: longer than the worker may take.
+
+    A worker may wait its whole shutdown timeout for a handler still running
+    before it hands the job back, so a shorter wait would kill a worker that
+    does exactly what it should.
+    """
+    return conveyor_settings().SHUTDOWN_TIMEOUT_SECONDS + STOP_MARGIN_SECONDS
+
+
 def stop_process(
-    proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM, timeout: float = 30
+    proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM, timeout: float | None = None
 ) -> int:
+    """Send `sig`; the exit status, or -9 after killing a process that outlived the wait."""
+    timeout = stop_wait_seconds() if timeout is None else timeout
     if proc.poll() is None:
         with contextlib.suppress(ProcessLookupError):
             os.kill(proc.pid, sig)

@@ -490,3 +490,33 @@ def test_api_keys_are_listed_without_their_hash_and_can_be_revoked(staff):
     )
     assert ApiKey.objects.get().revoked_at is not None
     assert keys.authenticate(raw) is None
+
+
+def test_the_dashboards_throughput_reads_a_bounded_number_of_rows(staff):
+    """30,000 completions in the last hour: the chart's query reads at most its budget."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """INSERT INTO conveyor_job (task_path, args, kwargs, queue, backend, priority, state,
+                   attempt, max_attempts, run_after, lease_version, errors, enqueued_at,
+                   started_at, finished_at)
+               SELECT 'tests.testapp.tasks.noop', '[]', '{}', 'default', 'default', 0,
+                   'completed', 1, 3, now(), 1, '[]', now(), now(),
+                   now() - (g % 3600) * interval '1 second'
+               FROM generate_series(1, 30000) AS g"""
+        )
+        cursor.execute("ANALYZE conveyor_job")
+    with CaptureQueriesContext(connection) as queries:
+        page = staff.get(DASHBOARD)
+    assert page.status_code == 200
+    (chart,) = [q["sql"] for q in queries if "finished_at" in q["sql"] and "GROUP BY" in q["sql"]]
+    with connection.cursor() as cursor:
+        cursor.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + chart)
+        plan = cursor.fetchone()[0]
+    plan = plan if isinstance(plan, list) else __import__("json").loads(plan)
+
+    def scanned(node):
+        rows = node.get("Actual Rows", 0) if "Scan" in node["Node Type"] else 0
+        return max([rows, *(scanned(child) for child in node.get("Plans", []))])
+
+    assert scanned(plan[0]["Plan"]) <= 10_001
+    assert "More than 10,000 jobs completed in the last hour" in page.content.decode()

@@ -523,3 +523,19 @@ def test_over_a_real_socket(live_server):
     worker.join(30)
     status, _, done = call("GET", headers["Location"])
     assert (status, done["state"], done["return_value"]) == (200, "completed", 42)
+
+
+@pytest.mark.parametrize(
+    ("query", "field"),
+    [("queue=%00", "queue"), ("task=a%00b", "task"), ("state=completed&queue=x%00", "queue")],
+)
+def test_a_list_filter_postgresql_cannot_hold_is_a_400_over_http(live_server, query, field):
+    raw = key_for("read")
+    request = urllib.request.Request(
+        f"{live_server.url}{JOBS}?{query}", headers={"Authorization": f"Bearer {raw}"}
+    )
+    with pytest.raises(urllib.error.HTTPError) as caught:
+        urllib.request.urlopen(request, timeout=30)
+    assert caught.value.code == 400
+    problem = json.loads(caught.value.read())
+    assert [(e["field"], e["location"]) for e in problem["errors"]] == [(field, "query")]

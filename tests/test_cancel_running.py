@@ -101,3 +101,43 @@ def test_a_worker_registers_refreshes_its_row_and_marks_its_clean_exit(worker):
     assert stop_process(proc, signal.SIGTERM) == 0
     stopped = Worker.objects.get(pk=row.pk)
     assert stopped.stopped_at is not None and stopped.leases_held == 0
+
+
+def test_a_handler_that_returns_before_the_heartbeat_still_ends_cancelled(tmp_path, live_server):
+    """The request lands, the handler returns at once: its COMPLETE is refused, CANCEL_HELD
+    is written instead, and the dependent is cancelled, never unblocked (issue 21)."""
+    import json
+    import urllib.request
+
+    job = tasks.returns_once_cancel_requested.enqueue()
+    dependent = tasks.add.using(depends_on=[job]).enqueue(1, 2)
+    # A heartbeat a minute away: only the COMPLETE can learn of the request.
+    timing = {"LEASE_SECONDS": 180, "HEARTBEAT_SECONDS": 60}
+    env = {"CONVEYOR_TEST_CONVEYOR_JSON": json.dumps(timing)}
+    proc = start_worker("--queues", "default", log=tmp_path / "w.log", env=env)
+    try:
+        wait_until(lambda: running(int(job.id)))
+        key = keys.create("ops-bot", ["operate"])[1]
+        request = urllib.request.Request(
+            f"{live_server.url}/conveyor/api/jobs/{job.id}/cancel",
+            method="POST",
+            headers={"Authorization": f"Bearer {key}"},
+        )
+        with urllib.request.urlopen(request, timeout=30) as response:
+            assert response.status == 202
+        wait_until(lambda: Job.objects.get(pk=int(job.id)).state != "running", timeout=30)
+        row = Job.objects.get(pk=int(job.id))
+        assert (row.state, row.return_value) == ("cancelled", None)
+        assert row.cancel_requested_by == "api:ops-bot"
+        assert row.errors[-1]["exception_class_path"] == "django_conveyor.exceptions.Cancelled"
+        assert [h["action"] for h in row.history] == ["request_cancel", "cancel_held"]
+        after = Job.objects.get(pk=int(dependent.id))
+        assert after.state == "cancelled"
+        assert after.errors[-1]["exception_class_path"] == (
+            "django_conveyor.exceptions.DependencyFailed"
+        )
+        assert not Job.objects.filter(state="completed", cancel_requested_at__isnull=False).exists()
+        assert stop_process(proc) == 0
+    finally:
+        kill_group(proc)
+    assert "'cancelled': 1" in (tmp_path / "w.log").read_text()

@@ -248,3 +248,24 @@ def test_queue_database_entries_and_aliases_have_their_own_ids():
             "CONVEYOR['QUEUE_DATABASES']['emails'] names 'nowhere', which is not in DATABASES.",
         )
     ]
+
+
+@pytest.mark.parametrize(
+    "addresses",
+    [["0.0.0.0/0"], ["::/0"], ["10.0.0.5", "0.0.0.0/1", "128.0.0.0/1"], ["0.0.0.0/0", "::/0"]],
+)
+def test_metrics_open_to_every_address_is_a_warning(addresses):
+    from django_conveyor.api.checks import check_api_settings
+
+    with override_settings(CONVEYOR={"METRICS_ALLOWED_ADDRESSES": addresses}):
+        found = [m for m in check_api_settings() if m.id == "conveyor.W034"]
+    assert len(found) == 1, found
+    assert isinstance(found[0], checks.Warning)
+    assert "every" in found[0].msg and "METRICS_ALLOWED_ADDRESSES" in found[0].msg
+
+
+def test_metrics_open_to_a_network_is_no_warning():
+    from django_conveyor.api.checks import check_api_settings
+
+    with override_settings(CONVEYOR={"METRICS_ALLOWED_ADDRESSES": ["10.0.0.0/8", "::1"]}):
+        assert [m for m in check_api_settings() if m.id == "conveyor.W034"] == []

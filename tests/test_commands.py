@@ -63,3 +63,10 @@ def test_the_commands_sign_the_jobs_history_as_cli():
     dead = JobFactory(dead=True)
     call_command("conveyor_jobs", "requeue", "--ids", str(dead.id))
     assert Job.objects.get(pk=dead.id).history[-1]["actor"] == "cli"
+
+
+@pytest.mark.parametrize(("option", "value"), [("--queue", "a\udcffb"), ("--task", "a\x00b")])
+def test_a_filter_postgresql_cannot_hold_is_refused_naming_it(option, value):
+    """Bytes of argv that are not UTF-8 (a lone surrogate) or a NUL: a clear error, no query."""
+    with pytest.raises(CommandError, match=rf"{option}.*(surrogate|NUL)"):
+        call_command("conveyor_jobs", "cancel", option, value, "--dry-run")

@@ -1,7 +1,7 @@
 """Gates in workflows, end to end: the builders, send_signal and its refusals,
 wait_until conditions, and checkpointed steps, with real workers in burst mode."""
 
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 
 import psycopg
 import pytest
@@ -61,6 +61,16 @@ class TestBuilders:
             (lambda: workflows.sleep(), "exactly one of them"),
             (lambda: workflows.sleep(timedelta(1), until=datetime.now(UTC)), "exactly one"),
             (lambda: workflows.sleep(until=datetime(2030, 1, 1)), "aware datetime"),
+            (
+                lambda: workflows.sleep(
+                    until=datetime(1, 1, 1, 0, 30, tzinfo=timezone(timedelta(hours=1)))
+                ),
+                "until 0001-01-01T00:30:00[+]01:00 must be an instant from 0001-01-02 UTC",
+            ),
+            (
+                lambda: workflows.sleep(until=datetime(9999, 12, 31, tzinfo=UTC)),
+                "to ten years from now",
+            ),
             (lambda: workflows.signal("x", dependency_policy="maybe"), "dependency_policy"),
         ],
     )
@@ -181,6 +191,25 @@ class TestTimers:
         assert fire_gates().gates_timed_out == 0
         assert job(result[0]).gate_deadline == later.replace(microsecond=later.microsecond)
 
+    def test_a_signal_gate_python_cannot_load_is_refused_alone(self):
+        """Approving a batch skips it; a signal to it says why, and the others pass."""
+        from django.db import connection
+
+        from django_conveyor import operations
+
+        good = chain(workflows.signal("go")).enqueue()[0]
+        bad = chain(workflows.signal("go")).enqueue()[0]
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "UPDATE conveyor_job SET gate = jsonb_set(gate, '{huge}',"
+                " ('1' || repeat('0', 5000))::jsonb), state = 'failed' WHERE id = %s",
+                [int(bad.id)],
+            )
+        assert operations.approve([int(bad.id), int(good.id)]) == [int(good.id)]
+        assert job(good).state == "completed"
+        with pytest.raises(WrongSignal, match="definition cannot be loaded"):
+            send_signal(bad, "go")
+
     def test_a_timed_out_signal_refuses_late_signals_and_requeue_makes_it_wait_again(self):
         from django_conveyor import operations
 
@@ -226,6 +255,25 @@ class TestConditions:
         assert job(good).state == "completed"
         assert job(bad).state == "failed"
         assert job(bad).errors[-1]["exception_class_path"].endswith("ConditionInvalid")
+
+    def test_a_condition_python_cannot_load_fails_its_own_gate_only(self):
+        """A gate row written by hand with a 5,000-digit number jams no other gate."""
+        from django.db import connection
+
+        good = chain(workflows.wait_until(Effect, Q(label="x"))).enqueue()[0]
+        bad = chain(workflows.wait_until(Effect, Q(label="y"))).enqueue()[0]
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "UPDATE conveyor_job SET gate = jsonb_set(gate, '{condition,huge}',"
+                " ('1' || repeat('0', 5000))::jsonb) WHERE id = %s",
+                [int(bad.id)],
+            )
+        Effect.objects.create(job_id=1, token=0, worker="", label="x")
+        fire_gates()
+        assert job(good).state == "completed"
+        assert job(bad).state == "failed"
+        assert job(bad).errors[-1]["exception_class_path"].endswith("ConditionInvalid")
+        assert "cannot be loaded" in job(bad).errors[-1]["traceback"]
 
     def test_a_read_only_session_is_dropped_so_the_next_pass_checks_again(self):
         """After a failover Django's session may be on the fenced primary: not for ever."""

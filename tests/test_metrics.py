@@ -140,3 +140,15 @@ def test_the_site_counts_new_jobs_and_replays_apart(client):
     replays = "conveyor_jobs_enqueue_replays_total"
     assert count(after, new) - count(before, new) == 4
     assert count(after, replays) - count(before, replays) == 1
+
+
+def test_a_post_is_405_not_a_csrf_403_over_http(live_server):
+    """The view takes no cookies: CSRF does not apply, and only GET is allowed."""
+    import urllib.error
+    import urllib.request
+
+    request = urllib.request.Request(f"{live_server.url}{METRICS}", data=b"", method="POST")
+    with pytest.raises(urllib.error.HTTPError) as caught:
+        urllib.request.urlopen(request, timeout=30)
+    assert caught.value.code == 405
+    assert caught.value.headers["Allow"] == "GET"

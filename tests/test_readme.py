@@ -118,3 +118,31 @@ def test_a_new_project_follows_the_readme(tmp_path):
                     assert expected in lines, f"expected {expected!r} in the output:\n{out}"
                     printed.append(expected)
     assert printed[-1].startswith("SUCCESSFUL ")  # the last snippet reads the finished job
+
+
+@pytest.mark.slow
+def test_a_new_shell_without_database_url_finds_the_embedded_server(tmp_path):
+    """The README's settings start (or find) the embedded PostgreSQL: no export, no traceback."""
+    bin_dir = Path(sys.executable).parent
+    root = tmp_path / PROJECT
+    root.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "CONVEYOR_"))}
+    env.pop("DATABASE_URL", None)
+    env.pop("PYTHONPATH", None)
+    env.update(PATH=f"{bin_dir}{os.pathsep}{env.get('PATH', '')}", PYTHONUNBUFFERED="1")
+    run([str(bin_dir / "django-admin"), "startproject", PROJECT, str(root)], root, env)
+    settings = root / PROJECT / "settings.py"
+    (code,) = [s.code for s in readme_steps() if s.action == "settings"]
+    settings.write_text(settings.read_text() + "\n" + code)
+    try:
+        for _ in range(2):  # Starts it, then finds it running: two shells.
+            out = run(
+                [sys.executable, "manage.py", "shell", "-c",
+                 "from django.db import connection; print(connection.vendor,"
+                 " connection.settings_dict['HOST'])"],
+                root, env,
+            )  # fmt: skip
+            last = out.strip().splitlines()[-1]  # After the shell's own banner, if any.
+            assert last.split() == ["postgresql", str(root / "var" / "pg")], out
+    finally:
+        run([sys.executable, "-m", "django_conveyor.embedded", "stop", "var/pg"], root, env)

@@ -9,6 +9,7 @@ must stay one graceful stop: exit 0, unfinished jobs handed back at once.
 import os
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -16,7 +17,7 @@ import pytest
 from django_conveyor.models import Job
 from django_conveyor.worker.shutdown import REPEAT_GRACE_SECONDS
 from tests.helpers import start_logged_worker as worker
-from tests.helpers import wait_until
+from tests.helpers import stop_wait_seconds, wait_until
 from tests.test_processes import child_pids, states
 from tests.testapp import tasks
 from tests.testapp.models import Effect
@@ -43,8 +44,9 @@ def assert_handed_back(ids: list[int]) -> None:
     assert all(r.errors == [] for r in rows)  # Handed back, not reaped.
 
 
-def exit_code(proc, tmp_path, name: str, timeout: float = 30) -> int:
+def exit_code(proc, tmp_path, name: str, timeout: float | None = None) -> int:
     """The process's exit status; a process still running fails with its log."""
+    timeout = stop_wait_seconds() if timeout is None else timeout
     try:
         return proc.wait(timeout)
     except subprocess.TimeoutExpired:
@@ -166,3 +168,40 @@ def test_sigquit_stops_a_single_worker_at_once(procs, tmp_path):
     os.kill(proc.pid, signal.SIGQUIT)
     assert exit_code(proc, tmp_path, "w") == 128 + signal.SIGQUIT
     assert running(1)
+
+
+LOCK_HELD = """
+import os, signal, sys, threading
+sys.path.insert(0, os.getcwd())
+import django
+django.setup()
+from django_conveyor.worker.loop import Worker
+from django_conveyor.worker.config import WorkerOptions
+
+worker = Worker(WorkerOptions(queues=("default",), listen=False))
+worker.signals.install()
+# The main thread holds the wake event's lock, as it does for a few bytecodes
+# inside every wake.wait() and wake.clear(): the stop signal lands right then.
+with worker.wake._cond:
+    signal.raise_signal(signal.SIGTERM)
+    print("the handler returned", flush=True)
+print("stopping:", worker.stopping.wait(10), flush=True)
+"""
+
+
+def test_a_stop_signal_landing_while_the_loop_holds_its_wake_lock_still_stops(tmp_path):
+    """The flaky zombie test's cause (issue 21): the handler took a lock its own thread held."""
+    from tests.helpers import REPO, worker_env
+
+    proc = subprocess.Popen(
+        [sys.executable, "-c", LOCK_HELD], cwd=REPO, env=worker_env(),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        out, _ = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+        raise AssertionError(f"the signal handler deadlocked:\n{out[-3000:]}") from None
+    assert proc.returncode == 0, out
+    assert "the handler returned" in out and "stopping: True" in out, out

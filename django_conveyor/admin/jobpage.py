@@ -10,6 +10,7 @@ from typing import Any
 from django.utils.dateparse import parse_datetime
 from django.utils.html import format_html
 
+from ..bounds import instant_breach
 from ..models import Job
 from ..states import JobState
 
@@ -41,7 +42,19 @@ class HistoryEntry:
 
 
 def _time(value: Any) -> datetime | None:
-    return parse_datetime(value) if isinstance(value, str) else None
+    """A time an entry records; None for one that is not a time every zone can show."""
+    try:
+        parsed = parse_datetime(value) if isinstance(value, str) else None
+    except ValueError:  # Well-formed but impossible (year 0, month 13): a row written by hand.
+        return None
+    return parsed if parsed is None or not instant_breach(parsed) else None
+
+
+def _entries(values: Any) -> list[dict[str, Any]]:
+    """A JSON list of entries as dicts, whatever a row written by hand holds."""
+    if not isinstance(values, list):
+        return []
+    return [e if isinstance(e, dict) else {"traceback": str(e)} for e in values]
 
 
 def _error_outcome(error_class: str, last: bool, state: str) -> str:
@@ -60,7 +73,7 @@ def _error_outcome(error_class: str, last: bool, state: str) -> str:
 
 def attempts(job: Job) -> list[Attempt]:
     """Every attempt the row remembers, oldest first: its errors, then the current one."""
-    errors = job.errors or []
+    errors = _entries(job.errors)
     rows = [
         Attempt(
             number=e.get("attempt"),
@@ -90,10 +103,11 @@ def history(job: Job) -> list[HistoryEntry]:
         HistoryEntry(
             _time(e.get("time")), e.get("actor", ""), e.get("action", ""), e.get("detail", "")
         )
-        for e in job.history or []
+        for e in _entries(job.history)
     ]
 
 
 def pretty_json(value: Any) -> str:
-    text = json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True)
+    # default=str: a number past Python's limits is a Decimal (readable.py).
+    text = json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True, default=str)
     return format_html("<pre class='conveyor-json'>{}</pre>", text)

@@ -4,7 +4,8 @@ Per-queue counts come from `queue_counts.snapshot()`, the one source the metrics
 and the API read too: live states exact, failed and dead exact up to
 `queue_counts.EXACT_BELOW` and PostgreSQL's estimate above (marked on the page).
 The console adds the throughput chart, from the partial index on finished
-jobs restricted to the last hour, and the worker counts.
+jobs restricted to the last hour and to CHART_BUDGET completions, and the
+worker counts.
 """
 
 from __future__ import annotations
@@ -21,11 +22,23 @@ from ..states import JobState
 
 CHART_MINUTES = 60
 
+CHART_BUDGET = 10_000  # Completions the chart counts at most: its cost, whatever the rate.
+
 # Minute 0 is the current minute; the chart runs from minute 59 to minute 0.
+# The newest completions first, at most CHART_BUDGET of them (a backward walk
+# of conveyor_job_finished_idx that stops there), so the chart costs the same
+# at 10 jobs an hour or at 10 million; past the budget it covers the recent
+# minutes exactly and says so. A finished_at in the future (a row written by
+# hand, 'infinity') is not counted: it would not be a minute of the chart.
 COMPLETED_PER_MINUTE = """
 SELECT queue, floor(extract(epoch FROM now() - finished_at) / 60)::int, count(*)
-FROM conveyor_job
-WHERE state = 'completed' AND finished_at > now() - make_interval(mins => %(minutes)s)
+FROM (
+    SELECT queue, finished_at FROM conveyor_job
+    WHERE state = 'completed'
+      AND finished_at > now() - make_interval(mins => %(minutes)s) AND finished_at <= now()
+    ORDER BY finished_at DESC
+    LIMIT %(budget)s
+) AS recent
 GROUP BY 1, 2
 """
 
@@ -104,6 +117,12 @@ class Overview:
     workers_live: int
     workers_lost: int
     database_time: datetime | None
+    # The chart reached CHART_BUDGET: its counts cover only this many recent minutes.
+    chart_minutes: int | None = None
+
+    @property
+    def chart_budget(self) -> str:
+        return f"{CHART_BUDGET:,}"
 
     @property
     def total(self) -> QueueRow:
@@ -139,15 +158,22 @@ def overview(known_queues: set[str]) -> Overview:
     by_name = queue_rows(known_queues)
     live = lost = 0
     database_time = None
+    chart_minutes: int | None = None
     for database in conveyor_settings().databases():
         with connections[database].cursor() as cursor:
-            cursor.execute(COMPLETED_PER_MINUTE, {"minutes": CHART_MINUTES})
-            for name, minutes_ago, count in cursor.fetchall():
+            cursor.execute(COMPLETED_PER_MINUTE, {"minutes": CHART_MINUTES, "budget": CHART_BUDGET})
+            rows = cursor.fetchall()
+            for name, minutes_ago, count in rows:
                 queue = by_name.setdefault(name, QueueRow(name=name))
                 index = CHART_MINUTES - 1 - min(max(minutes_ago, 0), CHART_MINUTES - 1)
                 queue.per_minute[index] += count
+            if sum(count for _, _, count in rows) >= CHART_BUDGET:
+                # The oldest minute read may be partial: the chart is exact after it.
+                reached = max(minutes_ago for _, minutes_ago, _ in rows)
+                chart_minutes = reached if chart_minutes is None else min(reached, chart_minutes)
             cursor.execute(WORKER_COUNTS, {"lost_after": lost_after_seconds()})
             row_live, row_lost, now = cursor.fetchone()
             live, lost = live + row_live, lost + row_lost
             database_time = database_time or now
-    return Overview(sorted(by_name.values(), key=lambda q: q.name), live, lost, database_time)
+    queues = sorted(by_name.values(), key=lambda q: q.name)
+    return Overview(queues, live, lost, database_time, chart_minutes)

@@ -29,11 +29,12 @@ def check_api_settings(**kwargs: Any) -> Iterable[checks.CheckMessage]:
     # API_MAX_BODY_BYTES's bound (conveyor.E032) is declared with the setting in conf.py.
     addresses = raw.get("METRICS_ALLOWED_ADDRESSES", ())
     if isinstance(addresses, list | tuple):
+        networks = []
         for address in addresses:
             try:
                 if not isinstance(address, str):
                     raise TypeError(address)
-                ipaddress.ip_network(address, strict=False)
+                networks.append(ipaddress.ip_network(address, strict=False))
             except (TypeError, ValueError):
                 yield checks.Error(
                     f"CONVEYOR['METRICS_ALLOWED_ADDRESSES'] holds {address!r}, which is not an "
@@ -41,3 +42,25 @@ def check_api_settings(**kwargs: Any) -> Iterable[checks.CheckMessage]:
                     hint="Use addresses or CIDR networks such as '10.0.0.5' or '10.0.0.0/24'.",
                     id="conveyor.E033",
                 )
+        if everyone := _every_address(networks):
+            yield checks.Warning(
+                f"CONVEYOR['METRICS_ALLOWED_ADDRESSES'] lets every {everyone} address scrape "
+                "the metrics without a key: anyone who reaches the site reads every queue's "
+                "counts and names.",
+                hint="List your Prometheus servers' addresses or networks, or send a key with "
+                "the 'metrics' scope and leave the list empty.",
+                id="conveyor.W034",
+            )
+
+
+def _every_address(networks: list[ipaddress.IPv4Network | ipaddress.IPv6Network]) -> str:
+    """ "IPv4", "IPv6" or both when the networks together cover every address, else ""."""
+    covered = [
+        name
+        for version, name in ((4, "IPv4"), (6, "IPv6"))
+        if any(
+            whole.prefixlen == 0
+            for whole in ipaddress.collapse_addresses(n for n in networks if n.version == version)
+        )
+    ]
+    return " and ".join(covered)

@@ -21,11 +21,14 @@ from ninja.decorators import decorate_view
 from ninja.responses import Status
 
 from .. import operations, queue_counts
+from ..backend import run_after_problem
+from ..bounds import MAX_INT, is_count
 from ..compat import InvalidTask, Task, TaskResultDoesNotExist
 from ..conf import conveyor_settings
 from ..exceptions import ArgumentsNotSerializable, GateError, GateNotFound, IdempotencyKeyReused
 from ..models import Job
 from ..results import parse_result_id, result_id
+from ..serialization import text_problem
 from ..states import CANCELLABLE_STATES, REQUEUEABLE_STATES, JobState
 from . import listing
 from .allowlist import NotAllowed, UnknownTask, allow_list
@@ -92,11 +95,29 @@ def job_out(job: Job, database: str) -> dict[str, Any]:
         "kwargs": job.kwargs,
         "idempotency_key": job.idempotency_key,
         "return_value": job.return_value if job.state == JobState.COMPLETED else None,
-        "errors": job.errors,
+        "errors": [_job_error(entry) for entry in job.errors or ()],
         "cancel_requested_at": job.cancel_requested_at,
         "cancel_requested_by": job.cancel_requested_by,
         "gate": job.gate,
         "gate_deadline": job.gate_deadline,
+    }
+
+
+def _job_error(entry: Any) -> dict[str, Any]:
+    """An error entry as JobError shows it, whatever a row written by hand holds."""
+    entry = entry if isinstance(entry, dict) else {"traceback": str(entry)}
+    attempt = entry.get("attempt")
+
+    def text(name: str) -> str | None:
+        value = entry.get(name)
+        return value if isinstance(value, str) or value is None else str(value)
+
+    return {
+        "attempt": attempt if is_count(attempt) and abs(attempt) <= MAX_INT else None,
+        "worker": text("worker"),
+        "exception_class_path": text("exception_class_path") or "",
+        "traceback": text("traceback") or "",
+        "time": text("time"),
     }
 
 
@@ -143,6 +164,8 @@ def _called(task: Task, body: EnqueueIn, key: str | None) -> Task:
     if body.priority is not None:
         changes["priority"] = body.priority
     if body.run_after is not None:
+        if problem := run_after_problem(body.run_after):
+            raise field_problem("run_after", problem)
         changes["run_after"] = body.run_after
     if key is not None:
         changes["idempotency_key"] = key
@@ -251,6 +274,9 @@ def list_jobs(
     limit: int = Query(DEFAULT_PAGE_SIZE, ge=1, le=MAX_PAGE_SIZE),
 ) -> dict[str, Any]:
     """Newest first, a keyset page at a time: stable while jobs are added."""
+    for name, value in (("queue", queue), ("task", task)):
+        if value is not None and (problem := text_problem(value)):
+            raise field_problem(name, f"The {name} filter {value!r:.80} {problem}.", "query")
     try:
         before = listing.decode_cursor(cursor)
     except listing.BadCursor:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import json
 from typing import Any
 
@@ -27,22 +28,30 @@ from django.db import connections
 
 from ..models import Job
 from ..queue_counts import QUEUES_IN_STATE
+from ..readable import select_list
 from ..states import JobState
 
+# {columns}: every column, its timestamps clamped (readable.select_list), so
+# that a row holding one Python cannot load still lists.
 _BRANCH = """(
-    SELECT j.* FROM conveyor_job AS j
+    SELECT {columns} FROM conveyor_job AS j
     WHERE j.state = %(state_{n})s AND j.queue = %(queue_{n})s AND j.id < %(before)s {task}
     ORDER BY j.id DESC
     LIMIT %(limit)s
 )"""
 PAGE = """
-SELECT j.* FROM conveyor_job AS j
+SELECT {columns} FROM conveyor_job AS j
 WHERE j.id < %(before)s {task}
 ORDER BY j.id DESC
 LIMIT %(limit)s
 """
 TASK_FILTER = "AND j.task_path = %(task)s"
 NO_CURSOR = 2**63 - 1
+
+
+@functools.cache
+def _columns() -> str:
+    return select_list(Job, "j")
 
 
 class BadCursor(ValueError):
@@ -89,14 +98,14 @@ def query(
     params: dict[str, Any] = {"task": task, "before": before, "limit": limit}
     task_filter = TASK_FILTER if task else ""
     if not (state or queue):
-        return PAGE.format(task=task_filter), params
+        return PAGE.format(task=task_filter, columns=_columns()), params
     pairs = _pairs(database, state, queue)
     if not pairs:
         return "SELECT * FROM conveyor_job WHERE false", params
     branches = []
     for n, (pair_state, pair_queue) in enumerate(pairs):
         params[f"state_{n}"], params[f"queue_{n}"] = pair_state, pair_queue
-        branches.append(_BRANCH.format(n=n, task=task_filter))
+        branches.append(_BRANCH.format(n=n, task=task_filter, columns=_columns()))
     sql = (
         "SELECT page.* FROM (\n"
         + "\nUNION ALL\n".join(branches)

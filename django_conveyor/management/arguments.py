@@ -10,6 +10,7 @@ import argparse
 from collections.abc import Callable
 
 from django_conveyor.bounds import MAX_INT, MAX_PORT, MAX_SECONDS, Breach, breach, seconds_breach
+from django_conveyor.serialization import text_problem
 
 MAX_WORKER_ID_LENGTH = 64
 
@@ -73,8 +74,15 @@ def positive_seconds(text: str) -> float:
     return value
 
 
+def storable(text: str) -> str:
+    """Text PostgreSQL can hold (argv bytes that are not UTF-8 arrive as lone surrogates)."""
+    if problem := text_problem(text):
+        raise argparse.ArgumentTypeError(f"{text!r:.80} {problem}")
+    return text
+
+
 def queue_list(text: str) -> list[str]:
-    queues = [q.strip() for q in text.split(",") if q.strip()]
+    queues = [storable(q.strip()) for q in text.split(",") if q.strip()]
     if not queues:
         raise argparse.ArgumentTypeError("expected a comma-separated list of queue names")
     return queues
@@ -83,4 +91,4 @@ def queue_list(text: str) -> list[str]:
 def worker_id(text: str) -> str:
     if not text or len(text) > MAX_WORKER_ID_LENGTH:
         raise argparse.ArgumentTypeError(f"must be 1 to {MAX_WORKER_ID_LENGTH} characters")
-    return text
+    return storable(text)

@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterable
 
 from django.http import HttpRequest, HttpResponse
+from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.debug import sensitive_variables
 from django.views.decorators.http import require_GET
 from prometheus_client import CollectorRegistry
@@ -157,6 +158,9 @@ def _refused(status: int, message: str) -> HttpResponse:
     return response
 
 
+# CSRF protects cookie-authenticated writes; this view reads and takes no
+# cookie (a key or the client's address), so a POST is what it is: 405.
+@csrf_exempt
 @require_GET
 def metrics_view(request: HttpRequest) -> HttpResponse:
     if refused := refusal(request):

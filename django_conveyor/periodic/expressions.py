@@ -1,7 +1,7 @@
 """When a schedule ticks: cron expressions in an IANA time zone, as UTC instants.
 
-Parsing and matching are cronsim's (the `[cron]` extra; docs/cron.md says
-why cronsim). This module adds the one rule cron leaves open, how local
+Parsing and matching are cronsim's (a core dependency; docs/cron.md says
+why cronsim, and why not an extra). This module adds the one rule cron leaves open, how local
 times map to instants when the clocks change, so that every tick is a
 single UTC instant and ticks strictly increase:
 
@@ -26,11 +26,13 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 from ..exceptions import ConveyorConfigurationError
 
 MAX_EXPRESSION_LENGTH = 255
-INSTALL_HINT = 'Install the cron extra: pip install "django-conveyor[cron]".'
+# cronsim is installed with django-conveyor; an install that dropped it (a
+# vendored copy, --no-deps) is told how to get it back.
+INSTALL_HINT = 'Install django-conveyor with its dependencies: pip install "cronsim>=2.7".'
 
 
 class CronNotInstalled(ConveyorConfigurationError):
-    """Schedules need cronsim, which the `[cron]` extra installs."""
+    """Schedules need cronsim, a dependency of django-conveyor that is missing here."""
 
 
 class InvalidSchedule(ValueError):

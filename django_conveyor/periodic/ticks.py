@@ -32,7 +32,9 @@ import psycopg
 from django import db
 
 from .. import protocol
+from ..bounds import EARLIEST_INSTANT, LATEST_INSTANT
 from ..conf import conveyor_settings
+from ..readable import fetch_all, unreadable_values
 from ..serialization import loaded
 from ..tasks import task_or_none
 from . import expressions
@@ -55,7 +57,12 @@ ORDER BY next_tick_at, id
 LIMIT %(limit)s
 """
 
-NEXT_TICK = "SELECT min(next_tick_at) FROM conveyor_cron WHERE enabled"
+# Only a tick Python can load: a hand-written 'infinity' is never due anyway.
+NEXT_TICK = f"""
+SELECT min(next_tick_at) FROM conveyor_cron
+WHERE enabled
+  AND next_tick_at BETWEEN '{EARLIEST_INSTANT.isoformat()}' AND '{LATEST_INSTANT.isoformat()}'
+"""
 
 # Skipping missed ticks writes no job, so it is not a protocol action; it is
 # guarded like CRON_ENQUEUE so that it can never undo another scheduler's advance.
@@ -134,10 +141,20 @@ def run_once(cursor: protocol.Cursor, now: datetime, *, limit: int = BATCH_SIZE)
     """One pass at `now`: enqueue every due tick of up to `limit` schedules."""
     counts = Counts()
     cursor.execute(DUE, {"now": now, "limit": limit})
-    rows = [DueRow(*r) for r in cursor.fetchall()]
-    counts.due, counts.more = len(rows), len(rows) >= limit
+    fetched = fetch_all(cursor)
+    counts.due, counts.more = len(fetched), len(fetched) >= limit
     notify = conveyor_settings().NOTIFY
-    for row in rows:
+    for values in fetched:
+        row = DueRow(*values)
+        if unread := unreadable_values(values):
+            # A row written by hand (next_tick_at = '-infinity', ...): it alone stops.
+            cursor.execute(STOP, {"cron_id": row.id})
+            counts.stopped += 1
+            logger.error(
+                "schedule %s stopped until it is fixed: its row holds values Python cannot "
+                "load (%s)", row.name, "; ".join(map(str, unread)),
+            )  # fmt: skip
+            continue
         try:
             timing = expressions.parsed(row.schedule, row.timezone)
         except expressions.InvalidSchedule as exc:

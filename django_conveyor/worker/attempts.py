@@ -19,11 +19,14 @@ import logging
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from ..bounds import MAX_SECONDS
 from ..conf import DEFAULT_LEASE_SECONDS
+from ..exceptions import UnreadableRow
 from ..protocol import Lease
+from ..readable import Unreadable
 from ..serialization import storable_text
 from .backoff import capped_delay
 from .instrument import log_job
@@ -94,6 +97,7 @@ class Outcome:
     error: dict[str, Any] = field(default_factory=dict)  # The attempt's error entry.
     note: str | None = None  # What the worker changed (a capped delay), recorded with it.
     exception: BaseException | None = None  # What the handler raised, for task_finished.
+    became: str | None = None  # Once written: what the job became ("retried", "dead", ...).
 
     @property
     def lease(self) -> Lease:
@@ -139,3 +143,66 @@ def snooze(attempt: Attempt, seconds: float) -> Outcome:
         return Outcome(SNOOZE, attempt, delay=delay)
     log_job(logger, logging.WARNING, attempt.lease, "snooze of %gs capped at %.0fs", seconds, delay)
     return Outcome(SNOOZE, attempt, delay=delay, note=_capped_note(seconds))
+
+
+def unreadable(attempt: Attempt, values: list[Unreadable]) -> Outcome:
+    """The FAIL of a job whose row holds values Python cannot load: it never runs.
+
+    Retrying cannot help (the row is what it is); only an operator can mend
+    the row and requeue the job. The entry names each column and value.
+    """
+    shown = "; ".join(f"{v.column} = {v.text!r} ({v.reason})" for v in values)
+    text = (
+        f"{UnreadableRow.__module__}.{UnreadableRow.__qualname__}: job {attempt.lease.id}'s row "
+        f"holds values this worker cannot load: {shown}. django-conveyor never writes such a "
+        "value (it was written by hand, by an older version or by a bug); the job failed "
+        "without running, and the rest of its batch ran. Correct the row, then requeue the job."
+    )
+    log_job(logger, logging.ERROR, attempt.lease, "row cannot be loaded (%s): failed", shown)
+    error = {
+        "exception_class_path": f"{UnreadableRow.__module__}.{UnreadableRow.__qualname__}",
+        "traceback": storable_text(text),
+    }
+    return Outcome(FAIL, attempt, error=error)
+
+
+# What an unsuccessful attempt's line says the job became, once it is written.
+_BECAME = {
+    "retried": "retrying at {at} (in {delay:.1f}s)",
+    "dead": "no attempt left: the job is dead",
+    "failed": "the job failed (not retried)",
+    "cancelled": "the job was cancelled, as an operator asked",
+}
+
+
+def log_written(outcome: Outcome) -> None:
+    """One line for an unsuccessful attempt once its outcome is written, never a traceback.
+
+    A retry is not a failure: a WARNING with the error and the next run
+    time. The traceback stays in the job's errors (the admin shows it), and
+    `task_finished` reports a job that ended failed or dead (reporting.py).
+    """
+    if outcome.kind not in (RETRY, FAIL) or outcome.became not in _BECAME:
+        return
+    delay = outcome.delay
+    at = (datetime.now(UTC) + timedelta(seconds=delay)).isoformat(timespec="seconds")
+    lease = outcome.lease
+    log_job(
+        logger,
+        logging.WARNING,
+        lease,
+        "attempt %d of %d failed (%s); %s",
+        lease.attempt,
+        lease.max_attempts,
+        _error_line(outcome),
+        _BECAME[outcome.became].format(at=at.replace("+00:00", "Z"), delay=delay),
+    )
+
+
+def _error_line(outcome: Outcome) -> str:
+    if outcome.exception is not None:
+        exc = outcome.exception
+        return storable_text(f"{type(exc).__name__}: {exc}".splitlines()[0])[:300]
+    name = str(outcome.error.get("exception_class_path", "?")).rsplit(".", 1)[-1]
+    last = str(outcome.error.get("traceback", "")).strip().splitlines()[-1:] or [name]
+    return last[0][:300] if last[0].startswith(name) else f"{name}: {last[0][:300]}"

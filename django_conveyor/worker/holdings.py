@@ -18,10 +18,19 @@ import logging
 import queue
 from typing import TYPE_CHECKING
 
+from .. import readable
 from ..conf import DEFAULT_LEASE_SECONDS
 from ..protocol import Cursor, Lease
 from . import outcomes
-from .attempts import DONE_IN_ATOMIC, Attempt, Outcome
+from .attempts import (
+    CANCEL_HELD,
+    COMPLETE,
+    DONE_IN_ATOMIC,
+    Attempt,
+    Outcome,
+    log_written,
+    unreadable,
+)
 from .instrument import log_job
 
 if TYPE_CHECKING:
@@ -49,9 +58,15 @@ class Holdings:
         self.pending: dict[int, Outcome] = {}  # Job id -> its outcome, not yet committed.
         self.reported: queue.SimpleQueue[Outcome] = queue.SimpleQueue()  # From slot threads.
         self.finished_attempts = 0
+        self.unreadable_seen = readable.seen()  # Unreadable values met before this worker.
 
     def take(self, claimed: list[Lease]) -> list[Attempt]:
-        """Hold the leases a claim returned, each as an attempt."""
+        """Hold the leases a claim returned, each as an attempt; returns those to run.
+
+        A lease whose row holds a value Python could not load (readable.py)
+        does not run: its FAIL is pending at once, for the next cycle. Looked
+        for only when the fetch met such a value, so a claim pays nothing.
+        """
         taken = [Attempt(lease, self.database, self.lease_seconds) for lease in claimed]
         for attempt in taken:
             self.held[attempt.lease.id] = attempt
@@ -59,7 +74,19 @@ class Holdings:
             self.counters.add("claimed", len(claimed))
             if self.instrument:
                 self.instrument.claimed(claimed)
+        if readable.seen() != self.unreadable_seen:
+            self.unreadable_seen = readable.seen()
+            taken = [attempt for attempt in taken if not self.fail_unreadable(attempt)]
         return taken
+
+    def fail_unreadable(self, attempt: Attempt) -> bool:
+        """Make the job's FAIL pending if its row holds unreadable values."""
+        values = readable.unreadable_values(attempt.lease)
+        if not values:
+            return False
+        self.pending[attempt.lease.id] = unreadable(attempt, values)
+        self.counters.add("unreadable_rows")
+        return True
 
     def report(self, outcome: Outcome) -> None:
         """A handler's attempt ended (called from its slot thread)."""
@@ -119,8 +146,10 @@ class Holdings:
         return any(a.lease.isolated for a in self.held.values())
 
     def statements(self) -> int:
-        """How many statements writing `pending` takes (one per kind)."""
-        return len({o.kind for o in self.pending.values()})
+        """How many statements writing `pending` may take: one per kind, two for the
+        kinds whose writer may run a second one (outcomes.SEVERAL_STATEMENTS)."""
+        kinds = {o.kind for o in self.pending.values()}
+        return len(kinds) + len(kinds & outcomes.SEVERAL_STATEMENTS)
 
     def write(self, cur: Cursor) -> dict[int, str]:
         """Write every pending outcome, fenced; call `settle` once the cycle commits."""
@@ -155,9 +184,16 @@ class Holdings:
             if self.held.get(job_id) is outcome.attempt:
                 del self.held[job_id]
             result = written.get(job_id)
+            if result == "cancelled" and outcome.kind == COMPLETE:
+                # Its COMPLETE was refused for a cancel request: CANCEL_HELD was written.
+                log_job(logger, logging.INFO, outcome.lease, "cancelled as asked (its handler "
+                        "returned before the request reached it)")  # fmt: skip
+                outcome = Outcome(CANCEL_HELD, outcome.attempt)
             if result is None:
                 self.refused(outcome, "stale outcome (%s) refused")
             else:
+                outcome.became = result
+                log_written(outcome)
                 done.append(outcome)
                 self.counters.add(result)
                 if self.instrument:

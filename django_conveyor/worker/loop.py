@@ -37,6 +37,7 @@ from .handlers.reporting import Reporter
 from .handlers.slots import SlotPool
 from .holdings import Holdings
 from .instrument import Counters, log_job
+from .preflight import BURST_GIVE_UP_SECONDS, first_line
 from .services.base import Now, Service, Timetable
 from .services.gates import GatesService
 from .services.heartbeat import Heartbeat
@@ -49,6 +50,7 @@ from .shutdown import StopSignals, exit_process
 logger = logging.getLogger(__name__)
 
 EXIT_OK = 0
+EXIT_UNAVAILABLE = 1  # A --burst worker whose passes failed for BURST_GIVE_UP_SECONDS.
 DRAIN_PASS_SECONDS = 0.05  # How often the drain looks for finished handlers.
 DRAIN_RETRY_SECONDS = 0.2  # Pause after a database error while draining.
 
@@ -94,6 +96,8 @@ class Worker:
         self.signals = StopSignals(
             self.stop, options.stop_signals, repeat_is_hard=not options.supervised
         )
+        self.exit_code = EXIT_OK
+        self.statement_cancelled = False  # The statement_timeout cause was named this streak.
 
     def services(self) -> list[Service]:
         """The maintenance services the control loop schedules, in the order a pass runs them."""
@@ -143,7 +147,7 @@ class Worker:
         logger.info(
             "worker %s stopped: %s", self.worker_id, dict(sorted(self.counters.counts.items()))
         )
-        return EXIT_OK
+        return self.exit_code
 
     def run_to_exit(self) -> int:
         """Run this process's worker; past stuck handler threads, end the process now."""
@@ -208,22 +212,27 @@ class Worker:
 
     def control_loop(self) -> None:
         reconnect = Ladder(WORKER_RECONNECT_SECONDS)
+        failing_since: float | None = None  # time.monotonic() of the first failed pass in a row.
         while not self.stopping.is_set():
             self.wake.clear()  # Wake-ups during this pass keep the next wait short.
             try:
                 claimed = self.one_pass()
                 reconnect.reset()
+                failing_since = None
+                self.statement_cancelled = False  # A later streak is named again.
             except Exception as exc:  # The loop logs and carries on.
                 delay = reconnect.next_delay()
-                if is_read_only(exc):
-                    logger.warning("%s: reconnecting in %.1fs", READ_ONLY, delay)
-                elif isinstance(exc, psycopg.OperationalError):
-                    logger.warning(
-                        "database unavailable (%s); reconnecting in %.1fs", one_line(exc), delay
-                    )
-                else:
-                    logger.exception("control loop error; retrying in %.1fs", delay)
+                self.log_failure(exc, delay)
                 self.connection.drop()  # Pending outcomes are written again, fenced.
+                failing_since = failing_since or time.monotonic()
+                if self.options.burst and time.monotonic() - failing_since >= BURST_GIVE_UP_SECONDS:
+                    logger.error(
+                        "burst: every pass failed for %.0fs (last: %s); giving up",
+                        BURST_GIVE_UP_SECONDS,
+                        first_line(exc),
+                    )
+                    self.exit_code = EXIT_UNAVAILABLE
+                    break
                 self.stopping.wait(delay)
                 continue
             if self.options.max_jobs and self.holdings.finished_attempts >= self.options.max_jobs:
@@ -236,6 +245,45 @@ class Worker:
                 logger.info("burst: nothing ready and nothing held, exiting")
                 break
             self.wake.wait(self.sleep_seconds())
+
+    def log_failure(self, exc: Exception, delay: float) -> None:
+        """Say why a pass failed: the real cause once a streak, then a short line per repeat."""
+        if isinstance(exc, psycopg.errors.QueryCanceled):
+            # 57014 is the server's statement_timeout (a role's, a database's), not an
+            # outage: reconnecting cannot help, a longer timeout for this role can.
+            if self.statement_cancelled:
+                logger.warning(
+                    "a statement was cancelled again by statement_timeout; retrying in %.1fs",
+                    delay,
+                )
+                return
+            self.statement_cancelled = True
+            logger.error(
+                "a statement was cancelled by statement_timeout (SQLSTATE 57014 query_canceled: "
+                "%s); the timeout set for this role or database (statement_timeout = %s) is "
+                "shorter than the worker's statements take. Raise it for the worker's role "
+                "(ALTER ROLE ... SET statement_timeout = '30s'), or set it for the worker's "
+                "connections (OPTIONS 'options': '-c statement_timeout=0'). Retrying in %.1fs",
+                first_line(exc),
+                self.statement_timeout(),
+                delay,
+            )
+            return
+        if is_read_only(exc):
+            logger.warning("%s: reconnecting in %.1fs", READ_ONLY, delay)
+        elif isinstance(exc, psycopg.OperationalError):
+            logger.warning("database unavailable (%s); reconnecting in %.1fs", one_line(exc), delay)
+        else:
+            logger.exception("control loop error; retrying in %.1fs", delay)
+
+    def statement_timeout(self) -> str:
+        """The session's statement_timeout as the server reports it, or '?'."""
+        try:
+            with self.connection.get().cursor() as cur:
+                cur.execute("SHOW statement_timeout")
+                return str(cur.fetchone()[0])  # type: ignore[index]
+        except psycopg.Error:
+            return "?"
 
     def one_pass(self) -> int:
         """Run the services that are due, then one cycle; returns how many jobs it claimed."""

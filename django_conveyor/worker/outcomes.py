@@ -57,7 +57,14 @@ Writer = Callable[[Cursor, str, list[Outcome]], dict[int, str]]
 
 def _complete(cur: Cursor, owner: str, batch: list[Outcome]) -> dict[int, str]:
     done = [(o.lease.id, o.lease.version, o.return_value) for o in batch]
-    return dict.fromkeys(protocol.complete(cur, owner=owner, done=done), "completed")
+    written = dict.fromkeys(protocol.complete(cur, owner=owner, done=done), "completed")
+    if len(written) < len(batch):
+        # COMPLETE refuses a job an operator asked to cancel (its handler returned
+        # before the heartbeat said so): the holder cancels it instead, now.
+        refused = [(o.lease.id, o.lease.version) for o in batch if o.lease.id not in written]
+        cancelled = protocol.cancel_held(cur, owner=owner, held=refused, actor=f"worker:{owner}")
+        written.update(dict.fromkeys(cancelled, "cancelled"))
+    return written
 
 
 def _retry(cur: Cursor, owner: str, batch: list[Outcome]) -> dict[int, str]:
@@ -109,6 +116,12 @@ WRITERS: dict[str, Writer] = {
     LOST: _nothing,
     CANCEL_HELD: _cancel_held,
 }
+
+
+# Kinds whose writer may run more statements than its own (UNBLOCK after
+# COMPLETE, CANCEL_DEPENDENTS after an unsuccessful end, CANCEL_HELD after a
+# refused COMPLETE): they need a transaction around them, even alone.
+SEVERAL_STATEMENTS = frozenset({COMPLETE, RETRY, FAIL, CANCEL_HELD})
 
 
 def by_kind(outcomes: Iterable[Outcome]) -> dict[str, list[Outcome]]:

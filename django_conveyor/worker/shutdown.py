@@ -29,10 +29,21 @@ number: nothing is handed back, the leases expire and are reaped. It is
 SIGQUIT (Ctrl-\\ in a terminal), or a stop signal repeated after the grace
 interval. A child of `--processes` never takes a repeat for a hard stop:
 its supervisor (supervisor.py) decides, and relays a hard stop as SIGQUIT.
+
+A Python signal handler runs in the main thread between two of its
+bytecodes, wherever that thread is: inside `threading.Event.wait()` or
+`.clear()` it holds the event's lock (a plain, non-reentrant lock), inside a
+log call the handler's lock and the stream's buffer. So the handler does
+only what is safe there (read the clock, set attributes, `os.write`,
+`os._exit`): it writes the signal's number to a pipe, and a thread of its
+own (`conveyor-signals`) reads it, logs, and calls `Worker.stop()`. Calling
+`stop()` in the handler itself could block on the very lock the main
+thread held when the signal landed, and the worker would never exit.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -63,11 +74,19 @@ class StopSignals:
         self.signals = signals
         self.repeat_is_hard = repeat_is_hard
         self.first_at: float | None = None  # time.monotonic() of the first stop signal.
+        self.relay: int | None = None  # The pipe's write end: what the handler tells the thread.
+        self.stopped = False  # stop() was called (by the relay thread).
 
     def install(self) -> None:
         if threading.current_thread() is not threading.main_thread():
             return  # Signal handlers can only be set from the main thread.
         handled = (*self.signals, HARD_STOP_SIGNAL) if self.signals else ()
+        if handled and self.relay is None:
+            read, self.relay = os.pipe()
+            os.set_blocking(self.relay, False)  # A full pipe drops a repeat, never blocks.
+            threading.Thread(
+                target=self.relayed, args=(read,), name="conveyor-signals", daemon=True
+            ).start()
         for signum in handled:
             signal.signal(signum, self.on_signal)
         # A supervisor forks its children with these blocked, so that a stop
@@ -75,15 +94,32 @@ class StopSignals:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, handled)
 
     def on_signal(self, signum: int, frame: FrameType | None) -> None:
-        name = signal.Signals(signum).name
+        """The handler: only what is safe between any two bytecodes (see the module's doc)."""
         if is_hard_stop(signum, self.first_at, repeat_is_hard=self.repeat_is_hard):
             # Leases we hold expire and are reaped.
+            name = signal.Signals(signum).name
             os.write(2, f"conveyor worker: {name}: hard stop, exiting now\n".encode())
             os._exit(128 + signum)
-        if self.first_at is not None:
+        if self.first_at is None:
+            self.first_at = time.monotonic()
+        if self.relay is None:  # Not installed (a test calling it): act here.
+            self.received(signum)
+            return
+        with contextlib.suppress(BlockingIOError):
+            os.write(self.relay, bytes([signum]))
+
+    def relayed(self, read: int) -> None:
+        """The `conveyor-signals` thread: act on each signal the handler passed on."""
+        while data := os.read(read, 64):
+            for signum in data:
+                self.received(signum)
+
+    def received(self, signum: int) -> None:
+        name = signal.Signals(signum).name
+        if self.stopped:
             logger.info("%s received again: already stopping (a repeat is the same stop)", name)
             return
-        self.first_at = time.monotonic()
+        self.stopped = True
         logger.info("%s received: finishing in-flight jobs", name)
         self.stop()
 

@@ -32,7 +32,7 @@ from asgiref.sync import sync_to_async
 from django.db import connections, transaction
 
 from .. import protocol
-from ..bounds import MAX_SECONDS, seconds_breach
+from ..bounds import EARLIEST_INSTANT, MAX_SECONDS, instant_breach, seconds_breach
 from ..conf import conveyor_settings
 from ..exceptions import DependencyCycle, DependencyInOtherDatabase, TooManyDependencies
 from ..results import ConveyorTaskResult
@@ -353,6 +353,12 @@ def _instant(value: Any) -> str:
         )
     if value.tzinfo is None or value.utcoffset() is None:
         raise ValueError(f"sleep()'s until must be an aware datetime, not the naive {value}.")
+    # As run_after: an instant no worker or page could read back would jam its gate.
+    if instant_breach(value) or value > datetime.now(UTC) + timedelta(seconds=MAX_SECONDS):
+        raise ValueError(
+            f"sleep()'s until {value.isoformat()} must be an instant from "
+            f"{EARLIEST_INSTANT.date().isoformat()} UTC to ten years from now."
+        )
     return value.astimezone(UTC).isoformat()
 
 

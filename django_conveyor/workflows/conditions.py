@@ -30,6 +30,7 @@ from django.db.models import Q
 
 from .. import protocol
 from ..exceptions import InvalidCondition
+from ..readable import Unreadable
 from ..serialization import text_problem
 
 logger = logging.getLogger(__name__)
@@ -156,6 +157,11 @@ def check_conditions(
         waiting = protocol.waiting_conditions(cursor, after=after, limit=limit, ids=ids)
         rows = []
         for gate_id, stored in waiting:
+            if isinstance(stored, Unreadable):
+                logger.warning("gate %s: its condition cannot be loaded: %s", gate_id, stored)
+                error = f"The gate's condition cannot be loaded: {stored}"[:2000]
+                rows.append({"id": gate_id, "matched": None, "error": error})
+                continue
             try:
                 with transaction.atomic(using=database):
                     matched = first_match(stored, using=database)

@@ -159,6 +159,8 @@ def refusal(cursor: Any, job_id: int, name: str) -> Exception:
     state, pending, gate = row
     if gate is None:
         return NotAGate(f"Job {job_id} is not a gate; only gates take signals.")
+    if not isinstance(gate, dict):
+        return WrongSignal(f"Gate {job_id}'s definition cannot be loaded: {gate}.")
     kind = gate.get("kind")
     if kind != "signal":
         return WrongSignal(f"Gate {job_id} is a {_kind_text(kind)}; it takes no signal.")

@@ -20,7 +20,8 @@
  *   -DWORKFLOWS      job 2 waits for jobs 0 and 1 (policy 'cancel'), job 3
  *                    for jobs 1 and 2 (policy 'run'): UNBLOCK,
  *                    CANCEL_DEPENDENTS, REQUEUE with REBLOCK_DEPENDENTS
- *   -DCANCEL_RUNNING REQUEST_CANCEL, CANCEL_HELD, cancel-aware REAP/LOCK
+ *   -DCANCEL_RUNNING REQUEST_CANCEL, CANCEL_HELD, cancel-aware REAP/LOCK and
+ *                    COMPLETE; job 1 waits for job 0 (policy 'cancel')
  *   -DCRON           one schedule with 3 ticks and two schedulers
  *   -DGATES          job 1 is a gate after job 0, job 2 waits for it: SIGNAL,
  *                    CONDITION_MET, GATE_TIMEOUT; jobs record one
@@ -230,6 +231,10 @@
 #ifdef WORKFLOWS
 #define DEP(x, d) (((x) == 2 && ((d) == 0 || (d) == 1)) || ((x) == 3 && ((d) == 1 || (d) == 2)))
 #define RUN_ANYWAY(x) ((x) == 3)
+#elif defined(CANCEL_RUNNING)
+/* a cancelled job's dependent is cancelled with it, never unblocked */
+#define DEP(x, d) ((x) == 1 && (d) == 0)
+#define RUN_ANYWAY(x) false
 #else
 #ifdef GATES
 #define DEP(x, d) (((x) == 1 && (d) == 0) || ((x) == 2 && (d) == 1))
@@ -347,14 +352,15 @@ byte cron_jobs[MAX_TICK + 1];   /* jobs inserted per tick */
 /* id = j AND state = 'running' AND lease_owner = w AND lease_version = tok */
 #define FENCE(k, j) (jstate[j] == RUNNING && owner[j] == WORKER(k) && version[j] == v_tok[k])
 #define GUARD_HEARTBEAT(k, j) FENCE(k, j)
-#define GUARD_COMPLETE(k, j) FENCE(k, j)
+#define GUARD_COMPLETE(k, j) (FENCE(k, j) && !cancel_req[j])
 #define GUARD_RETRY(k, j) FENCE(k, j)
 #define GUARD_FAIL(k, j) FENCE(k, j)
 #define GUARD_SNOOZE(k, j) FENCE(k, j)
 #define GUARD_RELEASE(k, j) FENCE(k, j)
 #define GUARD_CANCEL_HELD(k, j) (FENCE(k, j) && cancel_req[j])
 #define GUARD_LOCK(k, j) (FENCE(k, j) && !cancel_req[j])
-#define GUARD_RECORD(k, j) (jstate[j] == COMPLETED && owner[j] == WORKER(k) && version[j] == v_tok[k])
+#define GUARD_RECORD(k, j) (jstate[j] == COMPLETED && owner[j] == WORKER(k) && version[j] == v_tok[k] \
+                            && !cancel_req[j])
 #define NEW_TOKEN(j) version[j]++
 #define CLAIMABLE(j) (jstate[j] == AVAILABLE && !isolated[j])
 #define ISO_HELD(w) ((w) == 0 -> ((v_job[0] != NOJOB && v_iso[0]) || (v_job[1] != NOJOB && v_iso[1])) : (v_job[2] != NOJOB && v_iso[2]))
@@ -445,7 +451,10 @@ byte cron_jobs[MAX_TICK + 1];   /* jobs inserted per tick */
 #define GATES_OK (GATE_NEVER_OK && GATE_ONCE_OK && GATE_UPSTREAM_OK && CKPT_OK)
 
 #define OPERATOR_OK (h_operator == 0)
-#define CANCEL_OK (h_cancelled_effect == 0 && h_rerun == 0)
+/* a job with a cancel request never ends completed */
+#define NOT_DONE_J(j) (!cancel_req[j] || jstate[j] != COMPLETED)
+#define CANCEL_OK (h_cancelled_effect == 0 && h_rerun == 0 && \
+                   NOT_DONE_J(0) && NOT_DONE_J(1) && NOT_DONE_J(2) && NOT_DONE_J(3))
 #define TICKS_OK (cron_jobs[0] <= 1 && cron_jobs[MAX_TICK] <= 1 && \
                   (MAX_TICK < 2 || cron_jobs[1] <= 1) && (MAX_TICK < 3 || cron_jobs[2] <= 1))
 
@@ -729,9 +738,11 @@ inline crash_worker(w) {
 #endif
 
 /* COMPLETE: UPDATE ... SET state='completed' WHERE id, state, owner,
- * version (lease_owner kept), with UNBLOCK, from the batch (the handler
- * returned) or as the guarded commit with the effect; zero rows there roll
- * the effect back.                                                        */
+ * version, no cancel request (lease_owner kept), with UNBLOCK, from the
+ * batch (the handler returned) or as the guarded commit with the effect;
+ * zero rows there roll the effect back.  A batch completion refused for a
+ * cancel request is followed, in its transaction, by the holder's
+ * CANCEL_HELD: the job ends cancelled, with CANCEL_DEPENDENTS.            */
 inline complete(w, k) {
   j = v_job[k];
   if
@@ -749,6 +760,9 @@ inline complete(w, k) {
             locked[j] = 0; v_phase[k] = P_DONE
        :: else -> forget(k)
        fi
+  :: !GUARD_COMPLETE(k, j) && v_phase[k] != P_EFFECT && GUARD_CANCEL_HELD(k, j) ->
+       landed(k, j); settle(j, CANCELLED); owner[j] = NOBODY; end_lease(k, j); isolated[j] = false;
+       forget(k)
   :: else ->
        UNBLOCK_IF_REFUSED(j);
        if :: v_phase[k] == P_EFFECT -> locked[j] = 0 :: else -> skip fi;
@@ -1040,7 +1054,7 @@ end_loop:
 
 /* PRUNE: a final job and its ledger rows are deleted (not a dependency) */
 #define PRUNE(j) \
-  :: atomic { prunes_left > 0 && FINAL(jstate[j]) && !DEP(2, j) && !DEP(3, j) -> \
+  :: atomic { prunes_left > 0 && FINAL(jstate[j]) && !DEP(1, j) && !DEP(2, j) && !DEP(3, j) -> \
        prunes_left--; jstate[j] = PRUNED; ledger[j] = 0 }
 
 /* REQUEST_CANCEL: a running job gets a cancel request (waits for its lock) */

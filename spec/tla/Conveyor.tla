@@ -236,17 +236,18 @@ Fence(w, a) ==
 \* Each statement's own guard, kept apart so that a mutation can weaken one.
 GuardHEARTBEAT(w, a)       == Fence(w, a)
 GuardLOCK_FOR_EFFECT(w, a) == Fence(w, a) /\ ~cancelReq[a.job]
-GuardCOMPLETE(w, a)        == Fence(w, a)
+GuardCOMPLETE(w, a)        == Fence(w, a) /\ ~cancelReq[a.job]
 GuardRETRY(w, a)           == Fence(w, a)
 GuardFAIL(w, a)            == Fence(w, a)
 GuardSNOOZE(w, a)          == Fence(w, a)
 GuardRELEASE(w, a)         == Fence(w, a)
 GuardCANCEL_HELD(w, a)     == Fence(w, a) /\ cancelReq[a.job]
-\* RECORD_RESULT: id, state = 'completed', lease_owner, lease_version
+\* RECORD_RESULT: id, state = 'completed', lease_owner, lease_version, no cancel request
 GuardRECORD_RESULT(w, a) ==
     /\ jstate[a.job] = "completed"
     /\ owner[a.job] = w
     /\ version[a.job] = a.tok
+    /\ ~cancelReq[a.job]
 
 \* A write by attempt a landed: it must be the lease holder's (ghost check).
 Landed(a, act) == IF holder[a.job] = a.gid THEN {} ELSE Raise("stale", act, a.job)
@@ -327,6 +328,13 @@ SetMoved(m, more) ==
          \cup {[kind |-> "cause", act |-> "CANCEL_DEPENDENTS", job |-> x] :
                  x \in {y \in Jobs : /\ m.js[y] = "cancelled" /\ jstate[y] # "cancelled"
                                      /\ m.cs[y] # NoJob /\ m.js[m.cs[y]] \notin Doomed}}
+
+\* CANCEL_HELD's effect on the row (the caller clears lease_owner): the
+\* holder ends its job cancelled, with CANCEL_DEPENDENTS.
+HolderCancels(j, a) ==
+    /\ SetMoved(CANCEL_DEPENDENTS(j, "cancelled"), Landed(a, "CANCEL_HELD"))
+    /\ EndLease(j, a)
+    /\ isolated' = [isolated EXCEPT ![j] = FALSE]
 
 \* REBLOCK_DEPENDENTS, in REQUEUE's transaction, as the code runs it: one
 \* statement per level of the graph, looped until a level writes no job that
@@ -517,17 +525,22 @@ Effect(w, a) ==
 
 \* The handler returned: the worker's batch writes
 \*   UPDATE ... SET state='completed', return_value, finished_at
-\*   WHERE id, state='running', lease_owner, lease_version
+\*   WHERE id, state='running', lease_owner, lease_version,
+\*         cancel_requested_at IS NULL
 \* keeping lease_owner, with UNBLOCK in the same transaction.  Inside
 \* context.atomic() the same statement commits with the handler's effect;
 \* zero rows there roll the effect back.  Either way only the ids COMPLETE
-\* really wrote are unblocked.
+\* really wrote are unblocked.  A completion refused because an operator
+\* asked to cancel the job is followed, in the same transaction, by the
+\* holder's CANCEL_HELD (its guard: the token and the request), so the job
+\* ends cancelled with CANCEL_DEPENDENTS, not completed.
 COMPLETE(w, a) ==
     /\ ~frozen[w]
     /\ a \in held[w]
     /\ a.phase \in {"run", "effect"}
     /\ LET j == a.job
            guarded == a.phase = "effect"
+           cancels == ~guarded /\ ~GuardCOMPLETE(w, a) /\ GuardCANCEL_HELD(w, a)
        IN
        /\ IF GuardCOMPLETE(w, a)
           THEN LET m == UNBLOCK(j) IN
@@ -543,11 +556,16 @@ COMPLETE(w, a) ==
                        /\ Replace(w, a, [a EXCEPT !.phase = "done"])
                   ELSE /\ Forget(w, a)
                        /\ UNCHANGED <<ledger, business>>
+          ELSE IF cancels
+          THEN /\ HolderCancels(j, a)
+               /\ Forget(w, a)
+               /\ UNCHANGED <<completer, ledger, business>>
           ELSE /\ Forget(w, a)
                /\ UNCHANGED <<jstate, pending, cause, expired, holder, liveGid,
                               completer, isolated, ledger, business, alarms>>
        /\ lockedBy' = [lockedBy EXCEPT ![j] = IF guarded THEN 0 ELSE @]
-    /\ UNCHANGED <<attempt, owner, version, cancelReq, frozen, claims, lostTo, left, cron>>
+       /\ owner'    = [owner EXCEPT ![j] = IF cancels THEN NoWorker ELSE @]
+    /\ UNCHANGED <<attempt, version, cancelReq, frozen, claims, lostTo, left, cron>>
 
 \* After the guarded commit, the batch stores the return value:
 \*   UPDATE ... SET return_value WHERE id, state='completed', lease_owner, lease_version
@@ -667,10 +685,8 @@ CANCEL_HELD(w, a) ==
     /\ a.phase \in {"claimed", "run", "aborted"}
     /\ LET j == a.job IN
        IF GuardCANCEL_HELD(w, a)
-       THEN /\ SetMoved(CANCEL_DEPENDENTS(j, "cancelled"), Landed(a, "CANCEL_HELD"))
-            /\ owner'    = [owner EXCEPT ![j] = NoWorker]
-            /\ EndLease(j, a)
-            /\ isolated' = [isolated EXCEPT ![j] = FALSE]
+       THEN /\ HolderCancels(j, a)
+            /\ owner' = [owner EXCEPT ![j] = NoWorker]
        ELSE UNCHANGED <<jstate, pending, cause, alarms, owner, expired, holder,
                         liveGid, isolated>>
     /\ Forget(w, a)
@@ -1198,8 +1214,12 @@ CascadeCause ==
 OperatorCancelStands == ~Alarmed("operator")
 
 \* Cancelling a running job: no guarded effect commits after the request,
-\* and a job with a request is never claimed again (until REQUEUE clears it).
-CancelHonoured == ~Alarmed("cancelled effect") /\ ~Alarmed("rerun")
+\* a job with a request is never claimed again (until REQUEUE clears it),
+\* and it never ends completed: the request is answered "will end
+\* cancelled", so its dependents are settled as for a cancel, never unblocked.
+CancelHonoured ==
+    /\ ~Alarmed("cancelled effect") /\ ~Alarmed("rerun")
+    /\ \A j \in Jobs : cancelReq[j] => jstate[j] # "completed"
 
 \* Cron: at most one job per (schedule, tick), never before its tick.
 OneJobPerTick ==

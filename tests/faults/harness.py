@@ -462,7 +462,8 @@ class Run:
             )  # fmt: skip
         with pg.connect(self.pg_port) as conn, conn.transaction(), conn.cursor() as cur:
             rows = protocol.enqueue(cur, jobs, notify=True)
-        self.poisoned = {rows[position].id: name for position, name in chosen.items()}
+            self.poisoned = {rows[position].id: name for position, name in chosen.items()}
+            poison.corrupt(conn, self.poisoned)
         return [row.id for row in rows]
 
     def open_network(self) -> None:

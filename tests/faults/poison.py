@@ -10,6 +10,13 @@ Two kinds reach PostgreSQL on purpose (the workers run with
 CONVEYOR_TEST_UNCHECKED, tests/unchecked.py): their rows are refused, so
 the batch they came with is written one by one and the refused row fails
 its own job with an `OutcomeRefused` entry.
+
+Three kinds are rows no django-conveyor code writes, corrupted by SQL after
+the enqueue (`corrupt`): a timestamp of 1 BC in UTC, an infinite one, a
+5,000-digit number in the arguments. PostgreSQL holds them, Python cannot
+load them: each fails its own job, `UnreadableRow`, without running, and
+the jobs claimed in its batch run as usual (the ordinary checks: each
+completes exactly once).
 """
 
 from __future__ import annotations
@@ -29,6 +36,9 @@ CAPPED = "is longer than the maximum of 315360000 seconds (ten years)"
 REFUSED = "PostgreSQL refused to store this attempt's"
 
 
+UNREADABLE = "this worker cannot load"
+
+
 @dataclass(frozen=True, slots=True)
 class Kind:
     task_path: str
@@ -36,6 +46,7 @@ class Kind:
     max_attempts: int | None  # None: the run's MAX_ATTEMPTS.
     state: str  # Where the job must end.
     reason: str  # Text its last error (or, for a capped snooze, its history) must hold.
+    corrupt: str | None = None  # SET clause applied by SQL after the enqueue (`corrupt`).
 
 
 KINDS = {
@@ -51,7 +62,15 @@ KINDS = {
     "refused_error": Kind(UNCHECKED, ("nul_exception",), None, "failed", f"{REFUSED} retry"),
     # Hook: the crash kind (a handler that calls os._exit) joins here once crash
     # containment is on main; it must end `dead` after its attempts, alone.
-}
+    # Rows Python cannot load (issue 21): their handler would be an unknown poison.
+    "unreadable_time": Kind(POISON, ("never runs",), None, "failed", UNREADABLE,
+                            "run_after = '0001-01-01 00:30+01', "
+                            "enqueued_run_after = '0001-01-01 00:30+01'"),
+    "infinite_time": Kind(POISON, ("never runs",), None, "failed", UNREADABLE,
+                          "enqueued_at = 'infinity'"),
+    "unreadable_number": Kind(POISON, ("never runs",), None, "failed", UNREADABLE,
+                              "args = '[1e5000]'::jsonb"),
+}  # fmt: skip
 PARKED = {name for name, kind in KINDS.items() if kind.state == "available"}
 
 
@@ -61,6 +80,13 @@ def choose(rng: random.Random, jobs: int) -> dict[int, str]:
     names = sorted(KINDS)
     # Every kind at least once, then drawn at random.
     return {p: names[i] if i < len(names) else rng.choice(names) for i, p in enumerate(positions)}
+
+
+def corrupt(conn: psycopg.Connection, poisoned: dict[int, str]) -> None:
+    """Write, by SQL, the values of the unreadable kinds into their jobs' rows."""
+    for job_id, name in poisoned.items():
+        if assignments := KINDS[name].corrupt:
+            conn.execute(f"UPDATE conveyor_job SET {assignments} WHERE id = %s", [job_id])
 
 
 ROWS = """

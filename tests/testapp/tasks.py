@@ -359,6 +359,19 @@ def wf_held(context, label):
     return {"label": label, "attempt": context.attempt}
 
 
+@task(takes_context=True, max_attempts=1)
+def returns_once_cancel_requested(context):
+    """Returns as soon as its row carries a cancel request: before any heartbeat tells it."""
+    from django_conveyor.models import Job
+
+    deadline = time.monotonic() + 60
+    while not Job.objects.filter(pk=context.job_id, cancel_requested_at__isnull=False).exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError("no cancel request within 60s")
+        time.sleep(0.02)
+    return "returned after the request"
+
+
 def _write_step(label, job_id):
     """A checkpointed step's business write: counted to prove it commits once."""
     Effect.objects.create(job_id=job_id, token=0, worker="", label=label)

@@ -12,6 +12,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_conveyor import operations
 from django_conveyor.conf import conveyor_settings
+from django_conveyor.management.arguments import storable
 from django_conveyor.models import Job
 from django_conveyor.states import CANCELLABLE_STATES, REQUEUEABLE_STATES
 
@@ -35,8 +36,10 @@ class Command(BaseCommand):
         parser.add_argument("action", choices=sorted(ACTIONS))
         parser.add_argument("--ids", type=id_list, default=None, help="Comma-separated job ids.")
         parser.add_argument("--state", default=None, help="Only jobs in this state.")
-        parser.add_argument("--queue", default=None, help="Only jobs of this queue.")
-        parser.add_argument("--task", default=None, help="Only jobs of this task path.")
+        parser.add_argument("--queue", type=storable, default=None, help="Only jobs of this queue.")
+        parser.add_argument(
+            "--task", type=storable, default=None, help="Only jobs of this task path."
+        )
         parser.add_argument(
             "--database", default=None, help="Alias (default CONVEYOR['DATABASE'])."
         )

@@ -11,6 +11,7 @@ from dataclasses import replace
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
+from django.db import DatabaseError
 
 from django_conveyor.conf import conveyor_settings
 from django_conveyor.exceptions import ConveyorConfigurationError
@@ -23,6 +24,7 @@ from django_conveyor.management.arguments import (
     queue_list,
     worker_id,
 )
+from django_conveyor.worker import preflight
 from django_conveyor.worker.config import MAX_CONCURRENCY, WorkerConfig, WorkerOptions
 from django_conveyor.worker.loop import Worker
 from django_conveyor.worker.supervisor import Supervisor
@@ -157,9 +159,14 @@ class Command(BaseCommand):
             cron=not options["no_cron"],
         )
         try:
-            WorkerConfig.resolve(worker_options)  # Before any fork: the one clear refusal.
+            config = WorkerConfig.resolve(worker_options)  # Before any fork: one clear refusal.
+            if worker_options.cron:
+                preflight.check_schedules()
+            preflight.wait_for_database(config.database, burst=options["burst"])
         except ConveyorConfigurationError as exc:
             raise CommandError(str(exc)) from exc
+        except DatabaseError as exc:  # The database answered, with an error: say it, once.
+            raise CommandError(f"Database {config.database!r}: {exc}".strip()) from exc
         exporter = self.exporter(options)
         if options["processes"] == 1:
             code = exporter(worker_options, 0)

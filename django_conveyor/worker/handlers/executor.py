@@ -150,6 +150,6 @@ def execute(attempt: Attempt) -> Outcome:
                 connections.close_all()
             outcome = classify(exc, task, attempt)
             outcome.exception = exc  # For task_finished receivers' sys.exc_info().
-            level = logging.INFO if outcome.kind == attempts.SNOOZE else logging.WARNING
-            log_job(logger, level, lease, "raised %s", type(exc).__name__)
+            # What became of it is logged once it is written (attempts.log_written).
+            log_job(logger, logging.DEBUG, lease, "raised %s", type(exc).__name__)
     return outcome

@@ -2,17 +2,19 @@
 
 The fence can refuse an outcome (the lease was lost, timed out, handed back,
 or cancelled), so a handler's return says nothing yet. Only what the cycle
-wrote is reported: a completed attempt as SUCCESSFUL; a failed, retried,
-timed-out or cancelled one as FAILED with the attempt's error. A refused
+wrote is reported: a completed attempt as SUCCESSFUL; one that will run
+again (a retry, a timeout with attempts left) as READY, what the job is
+now, with the attempt's error; one that ended the job (failed, dead,
+cancelled) as FAILED with it. A refused
 outcome sends nothing (the job's next attempt, or the party that took it,
 reports it), nor do a snooze or a hand-back (the job runs again as if the
 attempt had not started).
 
 In a worker, `Reporter` sends from a thread of its own, so a slow receiver
-never delays the control loop (heartbeats, claims). A failed attempt's
-signal is sent while its exception is being handled, as django.tasks does,
-so receivers that read `sys.exc_info()` (Django's own logger) get the
-traceback.
+never delays the control loop (heartbeats, claims). A FAILED signal is sent
+while its exception is being handled, as django.tasks does, so receivers
+that read `sys.exc_info()` (Django's own logger) get the traceback; a retry
+is sent outside it, so Django logs it as an INFO line, not as an error.
 """
 
 from __future__ import annotations
@@ -53,6 +55,8 @@ def report(outcome: Outcome) -> None:
     attempt = outcome.attempt
     if status is None or attempt.started_at is None:
         return
+    if outcome.became == "retried":
+        status = TaskResultStatus.READY  # It runs again: not a failure (and no traceback).
     level = logging.ERROR if status == TaskResultStatus.FAILED else logging.INFO
     if not heard(task_finished, log_task_finished, level):
         return
@@ -66,7 +70,7 @@ def report(outcome: Outcome) -> None:
         started, status=status, return_value=outcome.return_value, error=outcome.error or None
     )
     sender = type(started.task.get_backend())
-    if outcome.exception is None:
+    if outcome.exception is None or status != TaskResultStatus.FAILED:
         task_finished.send(sender, task_result=done)
         return
     try:

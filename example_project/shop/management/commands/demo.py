@@ -163,8 +163,11 @@ class Command(BaseCommand):
             settled = self.wait_for(jobs, worker, options["timeout"])
             settled = self.summarise(jobs) and settled
             if options["no_serve"]:
-                self.show_api(f"http://127.0.0.1:{options['port']}", api_key)
-                self.stdout.write("    (run without --no-serve to serve the site and its API)")
+                # No server runs, so no URL is printed: there would be nothing behind it.
+                self.stdout.write(
+                    "    (run without --no-serve to serve the shop, its admin, the API and the "
+                    "metrics)"
+                )
             else:
                 self.serve(
                     options["port"],
