@@ -18,6 +18,7 @@ from django.db import connections, transaction
 from . import ledger, protocol
 from .compat import TaskContext
 from .exceptions import LeaseLost
+from .progress import report as report_progress
 from .results import ConveyorTaskResult, result_from_job
 
 if TYPE_CHECKING:
@@ -78,6 +79,18 @@ class JobContext(TaskContext):
     def lease_held(self) -> bool:
         """False once the worker knows the lease is gone or the job cancelled: stop early."""
         return not self.held.lost
+
+    def set_progress(
+        self, current: float, total: float | None = None, message: str | None = None
+    ) -> None:
+        """Report how far the handler got; the worker's next heartbeat writes the latest.
+
+        No database work here, so call it as often as you like: at most one
+        write per heartbeat interval, under this attempt's token (a lost
+        lease's progress is refused like its outcome). ValueError or
+        TypeError for a value a job could not show (see progress.report).
+        """
+        self.held.progress = report_progress(current, total, message)
 
     @property
     def cancel_requested(self) -> bool:

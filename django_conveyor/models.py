@@ -67,6 +67,10 @@ class Job(models.Model):
         default=DependencyPolicy.CANCEL,
         db_default=DependencyPolicy.CANCEL.value,
     )
+    # Observability (docs/observability.md): the progress a running handler
+    # reported ({current, total, message, attempt, updated_at}), written by
+    # HEARTBEAT_PROGRESS under the attempt's token. NULL until one is reported.
+    progress = models.JSONField(null=True, blank=True)
 
     class Meta:
         db_table = "conveyor_job"

@@ -551,6 +551,29 @@ RETURNING j.id, j.cancel_requested_at IS NOT NULL
 """
 
 
+# HEARTBEAT with the progress handlers reported since the last beat
+# (context.set_progress), in the same statement under the same fence: the
+# worker sends it instead of HEARTBEAT when some lease has progress to write,
+# so a beat stays one statement. A held row without new progress keeps its
+# own; a row it skips (locked) is written by a later beat.
+HEARTBEAT_PROGRESS = """
+WITH renew AS (
+    SELECT j.id, h.progress
+    FROM conveyor_job AS j
+    JOIN jsonb_to_recordset(%(held)s::jsonb) AS h(id bigint, version bigint, progress jsonb)
+      ON j.id = h.id AND j.lease_version = h.version
+    WHERE j.state = 'running' AND j.lease_owner = %(owner)s
+    FOR UPDATE OF j SKIP LOCKED
+)
+UPDATE conveyor_job AS j
+SET lease_expires_at = now() + make_interval(secs => %(lease)s),
+    progress = CASE WHEN renew.progress IS NULL THEN j.progress
+        ELSE renew.progress || jsonb_build_object('attempt', j.attempt, 'updated_at', now()) END
+FROM renew
+WHERE j.id = renew.id
+RETURNING j.id, j.cancel_requested_at IS NOT NULL
+"""
+
 # A plain read, no lock, only when HEARTBEAT missed some of the held rows:
 # SKIP LOCKED also skips a row that another worker's CLAIM has just locked
 # and then rejected (PostgreSQL keeps that lock until the claim commits).
@@ -576,10 +599,35 @@ def heartbeat(
     token come back in `locked`. The result also says which renewed jobs
     have a cancel request.
     """
-    held = [{"id": id_, "version": version} for id_, version in held]
+    rows = [{"id": id_, "version": version} for id_, version in held]
+    return _renew(cursor, HEARTBEAT, owner, rows, lease_seconds)
+
+
+def heartbeat_progress(
+    cursor: Cursor,
+    *,
+    owner: str,
+    held: Iterable[tuple[int, int, dict[str, Any] | None]],
+    lease_seconds: float,
+) -> Renewed:
+    """HEARTBEAT that also writes the progress each (id, version, progress) carries.
+
+    Guard and result as HEARTBEAT's; a progress of None leaves the row's own.
+    The attempt and the database time are added to each progress written.
+    """
+    rows = [
+        {"id": i, "version": v} if p is None else {"id": i, "version": v, "progress": p}
+        for i, v, p in held
+    ]
+    return _renew(cursor, HEARTBEAT_PROGRESS, owner, rows, lease_seconds)
+
+
+def _renew(
+    cursor: Cursor, sql: str, owner: str, held: list[dict[str, Any]], lease_seconds: float
+) -> Renewed:
     if not held:
         return Renewed()
-    cursor.execute(HEARTBEAT, {"held": _json(held), "owner": owner, "lease": lease_seconds})
+    cursor.execute(sql, {"held": _json(held), "owner": owner, "lease": lease_seconds})
     rows = cursor.fetchall()
     renewed = {id_ for id_, _ in rows}
     missed = [h for h in held if h["id"] not in renewed]
@@ -1304,6 +1352,7 @@ ACTIONS = {
     "UNBLOCK": unblock,
     "CANCEL_DEPENDENTS": cancel_dependents,
     "REBLOCK_DEPENDENTS": reblock_dependents,
+    "HEARTBEAT_PROGRESS": heartbeat_progress,
 }
 
 

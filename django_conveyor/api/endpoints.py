@@ -25,6 +25,7 @@ from ..compat import InvalidTask, Task, TaskResultDoesNotExist
 from ..conf import conveyor_settings
 from ..exceptions import ArgumentsNotSerializable, IdempotencyKeyReused
 from ..models import Job
+from ..progress import Progress
 from ..results import parse_result_id, result_id
 from ..states import CANCELLABLE_STATES, REQUEUEABLE_STATES, JobState
 from . import listing
@@ -94,7 +95,13 @@ def job_out(job: Job, database: str) -> dict[str, Any]:
         "errors": job.errors,
         "cancel_requested_at": job.cancel_requested_at,
         "cancel_requested_by": job.cancel_requested_by,
+        "progress": _progress(job.progress),
     }
+
+
+def _progress(value: Any) -> dict[str, Any] | None:
+    progress = Progress.of(value)
+    return progress.as_json() if progress else None
 
 
 def _location(job_id: str) -> str:

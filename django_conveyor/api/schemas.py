@@ -51,6 +51,16 @@ class JobError(Schema):
     time: str | None = None
 
 
+class ProgressOut(Schema):
+    """What the handler reported; written by the worker's heartbeat (docs/observability.md)."""
+
+    current: float
+    total: float | None = Field(None, description="Null when the handler did not say.")
+    message: str | None = None
+    attempt: int | None = Field(None, description="The attempt that reported it.")
+    updated_at: datetime | None = Field(None, description="Database time of the write.")
+
+
 class JobSummary(Schema):
     id: str = Field(description="The job id: a number, or 'alias:number' in a sharded queue.")
     task: str
@@ -76,6 +86,9 @@ class JobOut(JobSummary):
     )
     cancel_requested_by: str | None = Field(
         None, description="Who asked: 'api:<key name>', 'admin:<username>', 'cli' or 'code'."
+    )
+    progress: ProgressOut | None = Field(
+        None, description="What a running handler last reported (context.set_progress)."
     )
 
 

@@ -67,6 +67,10 @@ class Attempt:
     # Atomic blocks open around the handler on its connection: a test's, when
     # django_conveyor.testing runs it; 0 in a worker. context.atomic() nests in them.
     outer_atomic_blocks: int = 0
+    # The latest context.set_progress() value (set by the handler's thread),
+    # and the one the last heartbeat wrote: a beat writes only a new one.
+    progress: dict[str, Any] | None = None
+    progress_written: dict[str, Any] | None = None
 
     def mark_lost(self, reason: str) -> None:
         """Tell the handler (context.lease_held()) that its outcome will not count."""
