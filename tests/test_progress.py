@@ -199,3 +199,17 @@ def test_the_api_returns_the_progress_written(client, settings):
     bare = JobFactory()
     response = client.get(f"/conveyor/api/jobs/{bare.id}", HTTP_AUTHORIZATION=f"Bearer {key}")
     assert response.json()["progress"] is None
+
+
+def test_the_job_page_shows_the_bar_the_numbers_and_the_message(admin_client):
+    job = JobFactory(
+        running=True,
+        progress={"current": 3, "total": 4, "message": "three of four", "attempt": 1,
+                  "updated_at": "2026-01-01T00:00:00+00:00"},
+    )  # fmt: skip
+    page = admin_client.get(f"/admin/conveyor/job/{job.id}/change/").content.decode()
+    assert "<progress class='conveyor-progress' max='100' value='75'>" in page
+    assert "3 of 4: three of four" in page and "(attempt 1, 2026-01-01 00:00:00)" in page
+    bare = JobFactory()
+    page = admin_client.get(f"/admin/conveyor/job/{bare.id}/change/").content.decode()
+    assert "none reported" in page

@@ -11,6 +11,7 @@ from django.utils.dateparse import parse_datetime
 from django.utils.html import format_html
 
 from ..models import Job
+from ..progress import Progress
 from ..states import JobState
 
 CANCELLED = "django_conveyor.exceptions.Cancelled"
@@ -97,3 +98,31 @@ def history(job: Job) -> list[HistoryEntry]:
 def pretty_json(value: Any) -> str:
     text = json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True)
     return format_html("<pre class='conveyor-json'>{}</pre>", text)
+
+
+def progress_bar(job: Job) -> str:
+    """What the handler last reported: a bar (with a total), the numbers, the message, when."""
+    progress = Progress.of(job.progress)
+    if progress is None:
+        return "none reported"
+    numbers = f"{progress.current:g}" + (f" of {progress.total:g}" if progress.total else "")
+    when = f"{progress.updated_at:%Y-%m-%d %H:%M:%S}" if progress.updated_at else "?"
+    bar = (
+        format_html(
+            "<progress class='conveyor-progress' max='100' value='{}'>{}%</progress> {}% ",
+            progress.percent,
+            progress.percent,
+            progress.percent,
+        )
+        if progress.percent is not None
+        else ""
+    )
+    return format_html(
+        "<span id='conveyor-progress'>{}{}{} "
+        "<span class='conveyor-note'>(attempt {}, {})</span></span>",
+        bar,
+        numbers,
+        f": {progress.message}" if progress.message else "",
+        progress.attempt if progress.attempt is not None else "?",
+        when,
+    )

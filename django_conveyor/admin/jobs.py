@@ -230,6 +230,7 @@ class JobAdmin(ReadOnlyAdmin):
                         "held_by",
                         ("lease_version", "lease_expires_at"),
                         "cancel_request",
+                        "progress_bar",
                     )
                 },
             ),
@@ -315,6 +316,10 @@ class JobAdmin(ReadOnlyAdmin):
         if not obj.cancel_requested_at:
             return "none"
         return f"by {obj.cancel_requested_by} at {obj.cancel_requested_at:%Y-%m-%d %H:%M:%S}"
+
+    @admin.display(description="progress")
+    def progress_bar(self, obj: Job) -> str:
+        return jobpage.progress_bar(obj)
 
     @admin.display(description="args")
     def args_json(self, obj: Job) -> str:
