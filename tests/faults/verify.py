@@ -150,6 +150,21 @@ def check(conn: psycopg.Connection, jobs: int, facts: LogFacts) -> dict[str, Any
     return figures
 
 
+HEADLINE = (
+    "jobs",
+    "completed",
+    "lost",
+    "duplicate_effects",
+    "stale_outcomes_rejected",
+    "fencing_violations",
+)
+
+
+def headline(figures: dict[str, Any]) -> dict[str, Any]:
+    """Take the counts every run's JSON opens with out of figures, in their order."""
+    return {k: figures.pop(k) for k in HEADLINE}
+
+
 def check_workflows(conn: psycopg.Connection, workflows: int) -> dict[str, Any]:
     """Workflow mode: every workflow completed, and no step ran before its dependencies."""
     steps = conn.execute("SELECT count(*) FROM conveyor_job").fetchone()[0] // workflows  # type: ignore[index]

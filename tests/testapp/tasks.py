@@ -357,3 +357,14 @@ def wf_held(context, label):
     else:
         _wait_for_effect(f"go:{label}")
     return {"label": label, "attempt": context.attempt}
+
+
+@task(takes_context=True)
+def fenced_once_then_apply(context, label):
+    """Its first attempt finds its connection read-only (a fenced primary), as a handler would."""
+    from django.db import connection
+
+    if context.attempt == 1:
+        with connection.cursor() as cursor:
+            cursor.execute("SET SESSION default_transaction_read_only = on")
+    return apply_once.func(context, label)
