@@ -18,7 +18,7 @@ from django.db import connections, transaction
 from . import ledger, protocol
 from .compat import TaskContext
 from .exceptions import LeaseLost
-from .progress import report as report_progress
+from .observability.progress import report as report_progress
 from .results import ConveyorTaskResult, result_from_job
 
 if TYPE_CHECKING:
@@ -51,6 +51,16 @@ class JobContext(TaskContext):
     def job_id(self) -> int:
         """The conveyor_job id (also task_result.id, as a string, outside shards)."""
         return self.held.lease.id
+
+    @property
+    def tags(self) -> tuple[str, ...]:
+        """The job's tags (the task's, then the call's), as enqueued."""
+        return tuple(self.held.lease.tags or ())
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        """The job's metadata, as enqueued (with the trace context, when one was active)."""
+        return self.held.lease.meta or {}
 
     @property
     def token(self) -> int:

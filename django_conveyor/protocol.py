@@ -167,6 +167,9 @@ class NewJob:
     idempotency_key: str | None = None
     depends_on: tuple[int, ...] = ()  # Job ids in the same database, already enqueued.
     dependency_policy: str = "cancel"  # Or "run": run once every dependency is final.
+    # Observability: None when the job has none (NULL, no index entry).
+    tags: Sequence[str] | None = None
+    meta: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,7 +184,8 @@ class Enqueued:
 _ENQUEUE_COLUMNS = """
     task_path text, args jsonb, kwargs jsonb, queue text, backend text, priority int,
     max_attempts int, run_after timestamptz, idempotency_key text, ord int,
-    pending int, policy text
+    pending int, policy text,
+    tags jsonb, meta jsonb
 """
 
 
@@ -192,12 +196,14 @@ WITH input AS (
     INSERT INTO conveyor_job (
         task_path, args, kwargs, queue, backend, priority, state, attempt, max_attempts,
         run_after, enqueued_run_after, lease_version, idempotency_key, errors, enqueued_at,
-        pending_dependencies, dependency_policy
+        pending_dependencies, dependency_policy,
+        tags, meta
     )
     SELECT task_path, args, kwargs, queue, backend, priority,
            CASE WHEN pending > 0 THEN 'blocked' ELSE 'available' END, 0, max_attempts,
            COALESCE(run_after, now()), run_after, 0, idempotency_key, '[]'::jsonb, now(),
-           pending, policy
+           pending, policy,
+           tags, meta
     FROM input ORDER BY ord
     ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id, idempotency_key, queue, run_after, enqueued_at, state
@@ -235,20 +241,23 @@ def enqueue(cursor: Cursor, jobs: Sequence[NewJob], *, notify: bool) -> list[Enq
     """
     pending = pending_dependencies(cursor, jobs)
     rows = [
-        {
-            "task_path": j.task_path,
-            "args": j.args,
-            "kwargs": j.kwargs,
-            "queue": j.queue,
-            "backend": j.backend,
-            "priority": j.priority,
-            "max_attempts": j.max_attempts,
-            "run_after": j.run_after.isoformat() if j.run_after else None,
-            "idempotency_key": j.idempotency_key,
-            "ord": i,
-            "pending": pending[i],
-            "policy": j.dependency_policy,
-        }
+        _labelled(
+            {
+                "task_path": j.task_path,
+                "args": j.args,
+                "kwargs": j.kwargs,
+                "queue": j.queue,
+                "backend": j.backend,
+                "priority": j.priority,
+                "max_attempts": j.max_attempts,
+                "run_after": j.run_after.isoformat() if j.run_after else None,
+                "idempotency_key": j.idempotency_key,
+                "ord": i,
+                "pending": pending[i],
+                "policy": j.dependency_policy,
+            },
+            j,
+        )
         for i, j in enumerate(jobs)
     ]
     cursor.execute(ENQUEUE, {"rows": _json(rows), "notify": notify, "channel": NOTIFY_CHANNEL})
@@ -286,6 +295,15 @@ def enqueue(cursor: Cursor, jobs: Sequence[NewJob], *, notify: bool) -> list[Enq
             results.append(Enqueued(id_, at, after, created=False))
     _add_edges(cursor, jobs, results)
     return results
+
+
+def _labelled(row: dict[str, Any], job: NewJob) -> dict[str, Any]:
+    """`row` with the job's tags and meta, if any: a job without them sends what it sent before."""
+    if job.tags:
+        row["tags"] = list(job.tags)
+    if job.meta:
+        row["meta"] = job.meta
+    return row
 
 
 def _check_same_operation(
@@ -408,6 +426,8 @@ class Lease(NamedTuple):
     errors: list[dict[str, Any]] | None  # Entries of earlier attempts; None when none.
     isolated: bool  # Taken by CLAIM_ISOLATED: it runs without claim-ahead siblings.
     enqueued_run_after: datetime | None  # run_after as enqueued; None: not deferred.
+    tags: list[str] | None  # Observability: the job's labels, None when it has none.
+    meta: dict[str, Any] | None
 
 
 # Both halves keep their cost in proportion to the batch, not the table:
@@ -453,7 +473,8 @@ WITH picked AS (
 SELECT id, task_path, args, kwargs, queue, backend, priority, attempt, max_attempts,
        lease_version, idempotency_key, enqueued_at, started_at, lease_owner,
        extract(epoch FROM started_at - greatest(enqueued_at, run_after))::float8,
-       NULLIF(errors, '[]'::jsonb), isolated, enqueued_run_after
+       NULLIF(errors, '[]'::jsonb), isolated, enqueued_run_after,
+       tags, meta
 FROM claimed
 ORDER BY priority DESC, run_after, id
 """
@@ -868,6 +889,26 @@ def lock_for_effect(cursor: Cursor, *, job_id: int, owner: str, version: int) ->
     return bool(cursor.fetchall())
 
 
+# Part of the outcome statements (not an action: it writes conveyor_job_log,
+# not conveyor_job): the log records of attempts whose outcome this cycle
+# wrote, in the same transaction. The join on the token refuses a log of an
+# attempt whose job a later CLAIM took; the caller passes only the ids the
+# fenced outcome statements wrote, so a refused outcome writes no log.
+ATTEMPT_LOG = """
+INSERT INTO conveyor_job_log (job_id, lease_version, attempt, worker, records, dropped, written_at)
+SELECT j.id, j.lease_version, j.attempt, %(owner)s, h.records, h.dropped, now()
+FROM jsonb_to_recordset(%(logs)s::jsonb) AS h(id bigint, version bigint, records jsonb, dropped int)
+JOIN conveyor_job AS j ON j.id = h.id AND j.lease_version = h.version
+ON CONFLICT (job_id, lease_version) DO NOTHING
+"""
+
+
+def attempt_log(cursor: Cursor, *, owner: str, logs: list[dict[str, Any]]) -> None:
+    """Keep each attempt's records: `logs` of {id, version, records, dropped}."""
+    if logs:
+        cursor.execute(ATTEMPT_LOG, {"owner": owner, "logs": _json(logs)})
+
+
 # -- Maintenance: any worker, on any worker's jobs -------------------------------------------------
 
 
@@ -942,6 +983,8 @@ WITH doomed AS (
     DELETE FROM conveyor_dependency AS d USING doomed WHERE d.job_id = doomed.id
 ), edges_out AS (
     DELETE FROM conveyor_dependency AS d USING doomed WHERE d.depends_on_id = doomed.id
+), logs AS (
+    DELETE FROM conveyor_job_log AS l USING doomed WHERE l.job_id = doomed.id
 )
 DELETE FROM conveyor_job AS j USING doomed WHERE j.id = doomed.id
 """
@@ -1263,11 +1306,13 @@ WITH due AS (
 CRON_ENQUEUE = f"""{CRON_ROW_GUARD}, inserted AS (
     INSERT INTO conveyor_job (
         task_path, args, kwargs, queue, backend, priority, state, attempt, max_attempts,
-        run_after, enqueued_run_after, lease_version, idempotency_key, errors, enqueued_at
+        run_after, enqueued_run_after, lease_version, idempotency_key, errors, enqueued_at,
+        tags, meta
     )
     SELECT %(task_path)s, %(args)s::jsonb, %(kwargs)s::jsonb, %(queue)s, %(backend)s,
            %(priority)s, 'available', 0, %(max_attempts)s, %(tick)s, %(tick)s, 0, %(key)s,
-           '[]'::jsonb, now()
+           '[]'::jsonb, now(),
+           %(tags)s::jsonb, %(meta)s::jsonb
     FROM due
     ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id, queue, run_after
@@ -1322,6 +1367,8 @@ def cron_enqueue(
             "priority": job.priority,
             "max_attempts": job.max_attempts,
             "key": cron_key(name, tick),
+            "tags": _json(list(job.tags)) if job.tags else None,
+            "meta": _json(job.meta) if job.meta else None,
             "notify": notify,
             "channel": NOTIFY_CHANNEL,
         },

@@ -234,6 +234,8 @@ def _claim(database: str, owner: str, queues: Sequence[str] | None) -> list[prot
             args=loaded(lease.args),
             kwargs=loaded(lease.kwargs),
             errors=loaded(lease.errors),
+            tags=loaded(lease.tags),
+            meta=loaded(lease.meta),
         )
         for lease in leases
     ]

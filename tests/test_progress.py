@@ -16,7 +16,7 @@ import pytest
 from django_conveyor import protocol
 from django_conveyor.context import JobContext
 from django_conveyor.models import Job
-from django_conveyor.progress import Progress
+from django_conveyor.observability.progress import Progress
 from django_conveyor.worker.connections import connect
 from django_conveyor.worker.holdings import Holdings
 from django_conveyor.worker.instrument import Counters

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
+from urllib.parse import urlencode
 
 from django.utils.dateparse import parse_datetime
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 
-from ..models import Job
-from ..progress import Progress
+from ..models import Job, JobLog
+from ..observability.progress import Progress
 from ..states import JobState
 
 CANCELLED = "django_conveyor.exceptions.Cancelled"
@@ -31,6 +32,9 @@ class Attempt:
     outcome: str
     error_class: str = ""
     traceback: str = ""
+    token: int | None = None  # The attempt's lease version: its log's key.
+    log: list[dict[str, Any]] | None = None  # The records it logged (conveyor_job_log).
+    log_dropped: int = 0  # Records past the bound, counted, not kept.
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +63,21 @@ def _error_outcome(error_class: str, last: bool, state: str) -> str:
     return "raised: retried"
 
 
-def attempts(job: Job) -> list[Attempt]:
+def attempts(job: Job, database: str) -> list[Attempt]:
+    """Every attempt the row remembers, oldest first, each with the records it logged."""
+    logs = {
+        version: (records, dropped)
+        for version, records, dropped in JobLog.objects.using(database)
+        .filter(job_id=job.pk)
+        .values_list("lease_version", "records", "dropped")
+    }
+    return [
+        replace(a, log=logs[a.token][0], log_dropped=logs[a.token][1]) if a.token in logs else a
+        for a in _attempts(job)
+    ]
+
+
+def _attempts(job: Job) -> list[Attempt]:
     """Every attempt the row remembers, oldest first: its errors, then the current one."""
     errors = job.errors or []
     rows = [
@@ -73,15 +91,27 @@ def attempts(job: Job) -> list[Attempt]:
             ),
             error_class=e.get("exception_class_path") or "",
             traceback=e.get("traceback") or "",
+            token=e.get("token"),
         )
         for i, e in enumerate(errors)
     ]
     if job.state == JobState.RUNNING:
         outcome = "running, cancel requested" if job.cancel_requested_at else "running"
-        rows.append(Attempt(job.attempt, job.lease_owner, job.started_at, None, outcome))
+        rows.append(
+            Attempt(
+                job.attempt, job.lease_owner, job.started_at, None, outcome, token=job.lease_version
+            )
+        )
     elif job.state == JobState.COMPLETED:
         rows.append(
-            Attempt(job.attempt, job.lease_owner, job.started_at, job.finished_at, "completed")
+            Attempt(
+                job.attempt,
+                job.lease_owner,
+                job.started_at,
+                job.finished_at,
+                "completed",
+                token=job.lease_version,
+            )
         )
     return rows
 
@@ -98,6 +128,22 @@ def history(job: Job) -> list[HistoryEntry]:
 def pretty_json(value: Any) -> str:
     text = json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True)
     return format_html("<pre class='conveyor-json'>{}</pre>", text)
+
+
+def tag_chips(tags: Any, list_url: str) -> str:
+    """A job's tags as chips, each linking to the search `tag:<tag>` of the job list."""
+    if not isinstance(tags, list) or not tags:
+        return "-"
+    return format_html_join(
+        " ",
+        "<a class='conveyor-tag' href='{}?{}'>{}</a>",
+        ((list_url, urlencode({"q": f'tag:"{_quoted(tag)}"'}), tag) for tag in tags),
+    )
+
+
+def _quoted(value: str) -> str:
+    """`value` inside the search syntax's double quotes."""
+    return value.replace("\\", "\\\\").replace('"', '\\"')
 
 
 def progress_bar(job: Job) -> str:

@@ -39,6 +39,14 @@ class EnqueueIn(Schema):
     run_after: AwareDatetime | None = Field(
         None, description="Run no earlier than this (ISO 8601 with a time zone)."
     )
+    tags: list[Any] | None = Field(
+        None,
+        description="Labels to find the job by (`tag:` in `q`), added to the task's own: "
+        "strings of 1 to 64 characters, at most 32 in all.",
+    )
+    meta: dict[str, Any] | None = Field(
+        None, description="Metadata (a JSON object of at most 4,096 bytes; `meta.<key>:` in `q`)."
+    )
 
 
 class JobError(Schema):
@@ -73,6 +81,7 @@ class JobSummary(Schema):
     enqueued_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
+    tags: list[str] = Field(default_factory=list, description="The job's tags (task's first).")
 
 
 class JobOut(JobSummary):
@@ -90,6 +99,27 @@ class JobOut(JobSummary):
     progress: ProgressOut | None = Field(
         None, description="What a running handler last reported (context.set_progress)."
     )
+    meta: dict[str, Any] = Field(
+        default_factory=dict, description="The job's metadata (with `traceparent` if traced)."
+    )
+
+
+class LogRecordOut(Schema):
+    time: str = Field(description="When the record was emitted (ISO 8601, UTC).")
+    level: str
+    logger: str
+    message: str = Field(description="The formatted message, with its traceback if any.")
+
+
+class AttemptLogOut(Schema):
+    """The log records one attempt's handler emitted (docs/observability.md)."""
+
+    attempt: int
+    token: int = Field(description="The attempt's fencing token (lease version).")
+    worker: str
+    written_at: datetime = Field(description="When its outcome was written.")
+    records: list[LogRecordOut]
+    dropped: int = Field(description="Records past the 64 KiB bound: counted, not kept.")
 
 
 class JobPage(Schema):

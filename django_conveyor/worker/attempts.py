@@ -29,6 +29,7 @@ from .backoff import capped_delay
 from .instrument import log_job
 
 if TYPE_CHECKING:
+    from ..observability.joblogs import AttemptLog
     from ..results import ConveyorTaskResult
 
 COMPLETE = "complete"
@@ -71,6 +72,8 @@ class Attempt:
     # and the one the last heartbeat wrote: a beat writes only a new one.
     progress: dict[str, Any] | None = None
     progress_written: dict[str, Any] | None = None
+    # The log records its handler emitted (observability.joblogs), when captured.
+    log: AttemptLog | None = None
 
     def mark_lost(self, reason: str) -> None:
         """Tell the handler (context.lease_held()) that its outcome will not count."""

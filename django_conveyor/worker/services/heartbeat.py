@@ -79,6 +79,8 @@ class Heartbeat:
             if attempt is not None and job_id in renewed:
                 attempt.progress_written = report  # Its row was renewed, so written.
                 written += 1
+                if self.holdings.instrument:
+                    self.holdings.instrument.progress_written(attempt.lease)
         lost = 0
         for job_id, version in held:
             current = self.holdings.held.get(job_id)

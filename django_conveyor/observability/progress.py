@@ -17,7 +17,7 @@ from typing import Any
 
 from django.utils.dateparse import parse_datetime
 
-from .serialization import text_problem
+from ..serialization import text_problem
 
 MAX_MESSAGE_LENGTH = 200
 
