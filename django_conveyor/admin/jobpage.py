@@ -164,7 +164,7 @@ def progress_bar(job: Job) -> str:
         else ""
     )
     return format_html(
-        "<span id='conveyor-progress'>{}{}{} "
+        "<span class='conveyor-progress-report'>{}{}{} "
         "<span class='conveyor-note'>(attempt {}, {})</span></span>",
         bar,
         numbers,
