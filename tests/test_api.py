@@ -470,6 +470,7 @@ class TestSchemaAndDocs:
             ("get", "/conveyor/api/jobs/{job_id}/logs"),
             ("post", "/conveyor/api/jobs/{job_id}/requeue"),
             ("post", "/conveyor/api/jobs/{job_id}/cancel"),
+            ("post", "/conveyor/api/jobs/{job_id}/signal"),
             ("get", "/conveyor/api/queues"),
             ("post", "/conveyor/api/queues/{name}/pause"),
             ("post", "/conveyor/api/queues/{name}/resume"),

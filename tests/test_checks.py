@@ -160,6 +160,7 @@ def test_bounds_are_declared_not_read_from_key_names():
         "HEARTBEAT_SECONDS": (0, True),
         "POLL_SECONDS": (0, True),
         "REAP_SECONDS": (0, True),
+        "GATES_SECONDS": (0, True),
         "SHUTDOWN_TIMEOUT_SECONDS": (0, False),
         "MAX_ATTEMPTS": (1, False),
         "BACKOFF_BASE_SECONDS": (0, True),
@@ -192,6 +193,7 @@ def test_defaults_are_the_documented_ones():
             "BACKOFF_CAP_SECONDS": 600.0,
             "CRON": {},
             "DATABASE": "default",
+            "GATES_SECONDS": 1.0,
             "HEARTBEAT_SECONDS": 10.0,
             "JOB_LOG_LEVEL": 30,  # "WARNING", as logging's number
             "LEASE_SECONDS": 30.0,

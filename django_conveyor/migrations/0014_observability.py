@@ -21,7 +21,7 @@ class Migration(migrations.Migration):
     atomic = False
 
     dependencies = [
-        ("conveyor", "0010_lean_indexes"),
+        ("conveyor", "0011_gates"),
     ]
 
     operations = [

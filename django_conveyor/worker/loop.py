@@ -40,6 +40,7 @@ from .handlers.slots import SlotPool
 from .holdings import Holdings
 from .instrument import Counters, log_job
 from .services.base import Now, Service, Timetable
+from .services.gates import GatesService
 from .services.heartbeat import Heartbeat
 from .services.reaper import Reaper
 from .services.registry import Registry, WorkerInfo
@@ -101,6 +102,7 @@ class Worker:
         services: list[Service] = [
             self.heartbeat,
             Reaper(interval=self.config.reap_seconds),
+            GatesService(database=self.config.database, interval=self.config.gates_seconds),
             Timeouts(self.holdings, abandon=self.slots.abandon),
             self.registry,
         ]

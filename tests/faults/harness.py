@@ -27,7 +27,7 @@ from tests.pgbouncer.bouncer import (
     session_state_errors,
 )
 
-from . import hosts, latency, pg, poison, verify
+from . import gates, hosts, latency, pg, poison, verify
 from .hosts import Host, Network
 from .injectors import Injector, Kill9, Partition, PgRestart, SigStop, SigStopInAtomic
 from .proxy import FaultProxy
@@ -41,6 +41,7 @@ SCENARIOS = ("kill9", "sigstop", "pg-restart", "network")
 ATOMIC = "sigstop-atomic"
 ATOMIC_INSIDE_SECONDS = (0.3, 1.2)  # Its default --inside: long enough to be caught there.
 POISON = "poison"  # Its faults are the jobs themselves (poison.py), not an injector.
+GATES = "gates"  # Workflows that wait for signals (gates.py), under kill -9 and restarts.
 # Workers on --hosts hosts: a partition of one host, and the latency measurement.
 PARTITION = "partition"
 LATENCY = "latency"
@@ -88,13 +89,17 @@ class Params:
     def faults(self) -> tuple[str, ...]:
         if self.scenario in (POISON, LATENCY):
             return ()
+        if self.scenario == GATES:
+            return ("kill9", "pg-restart")
         return SCENARIOS if self.scenario == "all" else (self.scenario,)
 
 
 def parse_args(argv: list[str] | None) -> Params:
     parser = argparse.ArgumentParser(description="Run a fault-injection scenario.")
     parser.add_argument(
-        "--scenario", required=True, choices=[*SCENARIOS, ATOMIC, "all", POISON, PARTITION, LATENCY]
+        "--scenario",
+        required=True,
+        choices=[*SCENARIOS, ATOMIC, "all", POISON, PARTITION, LATENCY, GATES],
     )
     parser.add_argument("--jobs", type=int, default=60)
     parser.add_argument("--out", type=Path, required=True, help="Folder for fault-NAME.json.")
@@ -169,7 +174,10 @@ def parse_args(argv: list[str] | None) -> Params:
             parser.error(str(exc))
     if args.work is None:  # The latency scenario measures the queue, not the handler's sleep.
         args.work = (0.0, 0.0) if args.scenario == LATENCY else WORK_SECONDS
-    if args.workflows:
+    if args.scenario == GATES:  # Three jobs per workflow: a, its gate, b.
+        args.workflows = args.workflows or max(1, args.jobs // len(gates.SHAPE))
+        args.jobs = len(gates.SHAPE) * args.workflows
+    elif args.workflows:
         args.jobs = WORKFLOW_STEPS * args.workflows
     if args.jobs < 1 or args.workers < 2 or args.concurrency < 1:
         parser.error("--jobs and --concurrency must be 1 or more, --workers 2 or more.")
@@ -213,7 +221,8 @@ def main(argv: list[str] | None = None) -> int:
                 shutil.copy(log, params.keep / log.name)
         shutil.rmtree(work, ignore_errors=True)
     params.out.mkdir(parents=True, exist_ok=True)
-    name = f"{params.scenario}-workflows" if params.workflows else params.scenario
+    workflows = params.workflows and params.scenario != GATES
+    name = f"{params.scenario}-workflows" if workflows else params.scenario
     path = params.out / f"fault-{name}.json"
     path.write_text(json.dumps(result, indent=2, sort_keys=False) + "\n")
     summary = {
@@ -311,6 +320,7 @@ class Run:
         started = time.monotonic()
         self.pool.start_all()
         total = p.jobs
+        signaller = None
         if p.scenario == LATENCY:
             self.latency_figures, total = latency.measure(
                 port=self.pg_port,
@@ -321,8 +331,14 @@ class Run:
             settled_at: float | None = time.monotonic() - started
         else:
             self.start_injectors()
+            if p.scenario == GATES:
+                signaller = gates.Signaller(self.pg_port, threading.Event())
+                signaller.start()
             settled_at = self.wait_for_final(started)
         self.stop_injectors()
+        if signaller is not None:
+            signaller.stop.set()
+            signaller.join(30)
         if "sigstop" in p.faults or ATOMIC in p.faults:
             # A zombie thawed just now still has handlers asleep: let them wake
             # and report (and be refused) before SIGTERM ends the process.
@@ -340,12 +356,16 @@ class Run:
             figures = verify.check(conn, ordinary, facts)
             if p.scenario == POISON:
                 poisoned, poison_failures = poison.check(conn, self.poisoned)
-        if p.workflows:
+        if p.workflows and p.scenario != GATES:
             with pg.connect(self.pg_port) as conn:
                 figures["workflows"] = verify.check_workflows(conn, p.workflows)
         failed = verify.failures(
             figures, require_stale=p.scenario in ("sigstop", ATOMIC, PARTITION)
         )
+        if signaller is not None:
+            with pg.connect(self.pg_port) as conn:
+                figures["gates"] = gates.check(conn, p.workflows, signaller)
+            failed += gates.failures(figures["gates"])
         if ATOMIC in p.faults:
             with pg.connect(self.pg_port) as conn:
                 figures["frozen_inside_atomic"] = verify.frozen_inside_atomic(
@@ -405,6 +425,9 @@ class Run:
 
     def enqueue(self, count: int = 0) -> list[int]:
         """Enqueue `count` jobs (0: the run's --jobs, poisoned ones included); their ids."""
+        if self.params.scenario == GATES:
+            self.enqueue_gates()
+            return []
         if self.params.workflows:
             self.enqueue_workflows()
             return []
@@ -487,6 +510,14 @@ class Run:
     def heal(self, name: str) -> None:
         assert self.network is not None
         self.network.heal(self.network.hosts[name])
+
+    def enqueue_gates(self) -> None:
+        from .settings import CONVEYOR, QUEUE
+
+        p = self.params
+        with pg.connect(self.pg_port) as conn, conn.transaction(), conn.cursor() as cur:
+            gates.enqueue(cur, rng=self.rng, workflows=p.workflows, work=p.work_seconds,
+                          queue=QUEUE, attempts=int(CONVEYOR["MAX_ATTEMPTS"]))  # fmt: skip
 
     def enqueue_workflows(self) -> None:
         """Every workflow in one transaction, one ENQUEUE per step name (in dependency order)."""
@@ -646,7 +677,13 @@ class Run:
                 "network_drop_rate": DROP_RATE if "network" in p.faults else None,
                 "pgbouncer": p.pgbouncer,
                 "workflows": p.workflows or None,
-                "workflow_shape": WORKFLOW_SHAPE if p.workflows else None,
+                "workflow_shape": (
+                    {"a": [], "g": ["a"], "b": ["g"]}
+                    if p.scenario == GATES
+                    else WORKFLOW_SHAPE
+                    if p.workflows
+                    else None
+                ),
                 "hosts": self.hosts_parameters(),
             },
             "faults_injected": faults,
