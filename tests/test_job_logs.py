@@ -43,7 +43,7 @@ def test_concurrent_slots_keep_each_jobs_records_apart_sync_and_async(tmp_path):
         (log,) = messages(job.id)
         expected = [f"{label} line {i}" for i in range(5)]
         if label.startswith("async"):
-            expected.append(f"{label} from a task")
+            expected += [f"{label} from a task", f"{label} from to_thread"]
         assert log == expected  # no info lines, no other job's, no other thread's
     row = JobLog.objects.get(job_id=int(jobs[0].id))
     assert row.attempt == 1 and row.dropped == 0 and row.records[0]["level"] == "WARNING"

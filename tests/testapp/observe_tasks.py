@@ -44,6 +44,7 @@ async def logs_lines_async(context, label, lines, pause=0.0):
         logger.warning("%s line %d", label, i)
         await asyncio.sleep(pause)
     await asyncio.create_task(child())
+    await asyncio.to_thread(logger.warning, "%s from to_thread", label)  # copies the context
     return label
 
 
