@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
+import sys
 
 import pytest
 from opentelemetry import trace
@@ -18,7 +20,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from django_conveyor.models import Job
-from tests.helpers import kill_group, start_worker, stop_process, wait_until
+from tests.helpers import REPO, kill_group, start_worker, stop_process, wait_until, worker_env
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -59,6 +61,8 @@ def test_a_worker_continues_the_trace_then_links_retries_to_it(tracer, tmp_path)
     with tracer.start_as_current_span("request") as span:
         ok = tasks.add.enqueue(2, 3)
         failing = tasks.always_fails.enqueue("boom")  # three attempts, 50 ms apart
+        bad = tasks.add.enqueue(4, 5)
+    Job.objects.filter(pk=bad.id).update(meta=["not", "an", "object"])  # a row written by hand
     origin = span.get_span_context()
     trace_id, span_id = f"{origin.trace_id:032x}", f"{origin.span_id:016x}"
     proc = start_worker(
@@ -71,6 +75,7 @@ def test_a_worker_continues_the_trace_then_links_retries_to_it(tracer, tmp_path)
     try:
         wait_until(lambda: Job.objects.get(pk=failing.id).state == "dead", timeout=60)
         wait_until(lambda: Job.objects.get(pk=ok.id).state == "completed", timeout=60)
+        wait_until(lambda: Job.objects.get(pk=bad.id).state == "completed", timeout=60)
         assert stop_process(proc, signal.SIGTERM) == 0
     finally:
         kill_group(proc)
@@ -94,3 +99,42 @@ def test_a_worker_continues_the_trace_then_links_retries_to_it(tracer, tmp_path)
         assert retry["links"] == [{"trace_id": trace_id, "span_id": span_id}]
     assert {s["status"] for s in attempts} == {"ERROR"}
     assert {s["attributes"]["error.type"] for s in attempts} == {"builtins.ValueError"}
+    (untraced,) = by_job[int(bad.id)]  # its own span, a root: the bad meta is ignored
+    assert untraced["parent"] is None and untraced["links"] == []
+    assert untraced["trace_id"] != trace_id and untraced["status"] == "UNSET"
+
+
+NO_IMPORT = """
+import json
+import sys
+
+import django
+
+django.setup()
+from django_conveyor.worker.config import WorkerOptions
+from django_conveyor.worker.loop import Worker
+from tests.testapp import tasks
+
+job = tasks.add.enqueue(1, 2)
+options = WorkerOptions(queues=("default",), burst=True, listen=False, stop_signals=())
+assert Worker(options).run() == 0
+print(job.id, json.dumps(sorted({m.split(".")[0] for m in sys.modules} & {"opentelemetry"})))
+"""
+
+
+@pytest.mark.parametrize(("tracing", "imported"), [(False, []), (True, ["opentelemetry"])])
+def test_with_tracing_off_an_enqueue_and_a_worker_import_nothing_of_opentelemetry(
+    tracing, imported
+):
+    out = subprocess.run(
+        [sys.executable, "-c", NO_IMPORT],
+        cwd=REPO,
+        env={**worker_env(), "CONVEYOR_TEST_CONVEYOR_JSON": json.dumps({"TRACING": tracing})},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    job_id, modules = out.stdout.split(maxsplit=1)
+    assert Job.objects.get(pk=int(job_id)).state == "completed"
+    assert json.loads(modules) == imported

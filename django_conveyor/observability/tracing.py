@@ -54,7 +54,7 @@ def inject(meta: dict[str, Any] | None) -> dict[str, Any] | None:
 def attempt_span(lease: Any) -> Iterator[Any]:
     """The span of one attempt, current while the handler runs; ends with the block."""
     trace, propagator = _api()
-    meta = lease.meta or {}
+    meta = lease.meta if isinstance(lease.meta, dict) else {}  # A row written by hand.
     carrier = {k: meta[k] for k in TRACE_KEYS if isinstance(meta.get(k), str)}
     creation = trace.get_current_span(propagator.extract(carrier)).get_span_context()
     links = [trace.Link(creation)] if creation.is_valid else []
