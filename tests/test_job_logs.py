@@ -29,6 +29,16 @@ def messages(job_id) -> list[list[str]]:
     ]
 
 
+def run_until_completed(job, tmp_path, **env: str) -> None:
+    """A real worker runs `job` (and its retries) until it completes."""
+    proc = start_worker("--queues", "default", log=tmp_path / "worker.log", env=env)
+    try:
+        wait_until(lambda: Job.objects.get(pk=int(job.id)).state == "completed", timeout=60)
+    finally:
+        stop_process(proc)
+        kill_group(proc)
+
+
 def test_concurrent_slots_keep_each_jobs_records_apart_sync_and_async(tmp_path):
     jobs = [t.logs_lines.enqueue(f"sync{i}", 5, 0.01) for i in range(4)]
     jobs += [t.logs_lines_async.enqueue(f"async{i}", 5, 0.01) for i in range(4)]
@@ -52,12 +62,7 @@ def test_concurrent_slots_keep_each_jobs_records_apart_sync_and_async(tmp_path):
 
 def test_each_attempt_keeps_its_own_log_and_the_job_page_shows_it(tmp_path, admin_client):
     job = t.logs_then_fails.enqueue("twice")
-    proc = start_worker("--queues", "default", log=tmp_path / "worker.log")
-    try:
-        wait_until(lambda: Job.objects.get(pk=int(job.id)).state == "completed", timeout=60)
-    finally:
-        stop_process(proc)
-        kill_group(proc)
+    run_until_completed(job, tmp_path)
     assert messages(job.id) == [["twice attempt 1"], ["twice attempt 2"]]
     page = admin_client.get(f"/admin/conveyor/job/{job.id}/change/").content.decode()
     assert "twice attempt 1" in page and "twice attempt 2" in page
@@ -78,13 +83,9 @@ def test_a_flood_is_cut_at_the_bound_with_a_count_of_what_was_dropped(tmp_path):
 
 def test_level_none_keeps_no_records(tmp_path):
     job = t.logs_then_fails.enqueue("quiet")
-    off = {"CONVEYOR_TEST_CONVEYOR_JSON": json.dumps({"JOB_LOG_LEVEL": None})}
-    proc = start_worker("--queues", "default", log=tmp_path / "worker.log", env=off)
-    try:
-        wait_until(lambda: Job.objects.get(pk=int(job.id)).state == "completed", timeout=60)
-    finally:
-        stop_process(proc)
-        kill_group(proc)
+    run_until_completed(
+        job, tmp_path, CONVEYOR_TEST_CONVEYOR_JSON=json.dumps({"JOB_LOG_LEVEL": None})
+    )
     assert not JobLog.objects.exists()
 
 
@@ -115,12 +116,7 @@ def test_the_api_returns_each_attempts_log(client, tmp_path):
     from django_conveyor.api import keys
 
     job = t.logs_then_fails.enqueue("api")
-    proc = start_worker("--queues", "default", log=tmp_path / "worker.log")
-    try:
-        wait_until(lambda: Job.objects.get(pk=int(job.id)).state == "completed", timeout=60)
-    finally:
-        stop_process(proc)
-        kill_group(proc)
+    run_until_completed(job, tmp_path)
     headers = {"HTTP_AUTHORIZATION": "Bearer " + keys.create("svc", ["read"])[1]}
     body = client.get(f"/conveyor/api/jobs/{job.id}/logs", **headers).json()
     assert [(a["attempt"], [r["message"] for r in a["records"]]) for a in body] == [
