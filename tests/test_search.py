@@ -294,3 +294,31 @@ class TestApi:
         parameters = schema["paths"]["/conveyor/api/jobs"]["get"]["parameters"]
         (q,) = [p for p in parameters if p["name"] == "q"]
         assert "tag:tenant:42" in q["description"]
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "shard"])
+def test_add_search_index_in_a_migration_builds_and_drops_its_index_and_refuses_atomic():
+    from django.db import NotSupportedError
+    from django.db.migrations.state import ProjectState
+
+    from django_conveyor.observability.search import AddSearchIndex
+
+    task, name = "tests.testapp.tasks.add", search.index_name("tests.testapp.tasks.add", "kwargs.n")
+    operation = AddSearchIndex(task=task, field="kwargs.n")
+
+    def run(direction: str, atomic: bool) -> None:
+        with connection.schema_editor(atomic=atomic) as editor:
+            getattr(operation, direction)("tests", editor, ProjectState(), ProjectState())
+
+    with pytest.raises(NotSupportedError, match="set atomic = False on the migration"):
+        run("database_forwards", atomic=True)
+    assert search.existing_indexes("default", [name]) == set()
+    run("database_forwards", atomic=False)
+    assert search.existing_indexes("default", [name]) == {name}
+    assert not parse("kwargs.n:7").windowed("default", task)
+    run("database_backwards", atomic=False)
+    assert search.existing_indexes("default", [name]) == set()
+    for field, message in (("meta.n", "is for args.<position> or kwargs.<name>"),
+                           ("kwargs", "needs a path")):  # fmt: skip
+        with pytest.raises(InvalidSearch, match=message):
+            AddSearchIndex(task=task, field=field)

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from django.db import connections
+from django.db import NotSupportedError, connections
 from django.db.migrations.operations.base import Operation
 
 from ..serialization import text_problem
@@ -314,14 +314,24 @@ class AddSearchIndex(Operation):
     def database_forwards(
         self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
     ) -> None:
+        self._refuse_in_transaction(schema_editor)
         for sql in search_index_sql(self.task, self.field)[0]:
             schema_editor.execute(sql)
 
     def database_backwards(
         self, app_label: str, schema_editor: Any, from_state: Any, to_state: Any
     ) -> None:
+        self._refuse_in_transaction(schema_editor)
         for sql in search_index_sql(self.task, self.field)[1]:
             schema_editor.execute(sql)
 
     def describe(self) -> str:
         return f"Create a search index on {self.field} of {self.task} jobs"
+
+    def _refuse_in_transaction(self, schema_editor: Any) -> None:
+        # PostgreSQL's own error would not say which migration setting to change.
+        if schema_editor.connection.in_atomic_block:
+            raise NotSupportedError(
+                f"AddSearchIndex({self.task!r}, {self.field!r}) builds its index CONCURRENTLY, "
+                "which cannot run inside a transaction: set atomic = False on the migration."
+            )
