@@ -68,7 +68,7 @@ def test_each_attempt_keeps_its_own_log_and_the_job_page_shows_it(tmp_path, admi
     assert "twice attempt 1" in page and "twice attempt 2" in page
 
 
-def test_a_flood_is_cut_at_the_bound_with_a_count_of_what_was_dropped(tmp_path):
+def test_a_flood_is_cut_at_the_bound_with_a_count_of_what_was_dropped(tmp_path, admin_client):
     job = t.floods.enqueue("flood", 2000)  # about 230 KiB of messages
     proc = start_worker("--queues", "default", "--burst", log=tmp_path / "worker.log")
     try:
@@ -79,6 +79,8 @@ def test_a_flood_is_cut_at_the_bound_with_a_count_of_what_was_dropped(tmp_path):
     kept = sum(len(r["message"]) for r in row.records)
     assert kept <= 64 * 1024 < kept + 120
     assert row.dropped == 2000 - len(row.records) > 0
+    page = admin_client.get(f"/admin/conveyor/job/{job.id}/change/").content.decode()
+    assert f"[{row.dropped} more records dropped: the log of an attempt keeps 64 KiB" in page
 
 
 def test_level_none_keeps_no_records(tmp_path):
