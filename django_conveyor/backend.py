@@ -39,6 +39,8 @@ from .compat import (
 )
 from .conf import conveyor_settings, not_postgresql
 from .exceptions import ConveyorConfigurationError, DependencyInOtherDatabase
+from .observability import tracing
+from .observability.labels import meta_problem, tags_problem
 from .results import ConveyorTaskResult, parse_result_id, result_from_job, result_id, task_result
 from .serialization import json_round_trip, text_problem
 from .signals import heard, task_enqueue_replayed
@@ -81,6 +83,11 @@ def run_after_problem(run_after: Any) -> str | None:
             f"not {run_after.isoformat()}."
         )
     return None
+
+
+def _traced(meta: dict[str, Any] | None) -> dict[str, Any] | None:
+    """`meta` with the active span's trace context, when tracing is on ([otel])."""
+    return tracing.inject(meta) if tracing.enabled() else meta
 
 
 class ConveyorBackend(BaseTaskBackend):
@@ -136,6 +143,11 @@ class ConveyorBackend(BaseTaskBackend):
             )
         if key is not None and (problem := text_problem(key)):
             raise InvalidTask(f"idempotency_key {key!r:.80} {problem}.")
+        if problem := tags_problem(getattr(task, "tags", ())):
+            raise InvalidTask(problem)
+        meta = getattr(task, "meta", None)
+        if meta is not None and (problem := meta_problem(meta)):
+            raise InvalidTask(problem)
 
     def new_job(
         self, task: Any, args: Sequence[Any], kwargs: dict[str, Any], after: Sequence[int] = ()
@@ -146,6 +158,7 @@ class ConveyorBackend(BaseTaskBackend):
         takes it, and so does a workflow (workflows/), which adds its edges
         between the two. Call `validate_task()` first.
         """
+        meta = getattr(task, "meta", None)
         return protocol.NewJob(
             task_path=task.module_path,
             args=json_round_trip(list(args), f"{task.name}() args"),
@@ -158,6 +171,8 @@ class ConveyorBackend(BaseTaskBackend):
             idempotency_key=getattr(task, "idempotency_key", None),
             depends_on=(*self._dependency_job_ids(task), *after),
             dependency_policy=getattr(task, "dependency_policy", "cancel"),
+            tags=getattr(task, "tags", None) or None,
+            meta=_traced(json_round_trip(meta, "meta") if meta else None),
         )
 
     def _dependency_job_ids(self, task: Any) -> list[int]:
@@ -227,6 +242,8 @@ class ConveyorBackend(BaseTaskBackend):
                 kwargs=job.kwargs,
                 backend=self.alias,
                 enqueued_at=row.enqueued_at,
+                tags=job.tags,
+                meta=job.meta,
             )
             if send:
                 task_enqueued.send(type(self), task_result=result)

@@ -12,6 +12,7 @@ the dict.
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar, overload
@@ -216,6 +217,19 @@ class ConveyorSettings:
         (list, tuple), (), "addresses or networks that may scrape the metrics without a key.",
         convert=tuple,
     )  # fmt: skip
+    # Observability (docs/observability.md).
+    JOB_LOG_LEVEL = Setting["int | None"](
+        (str, int, NONE), "WARNING",
+        "lowest level of the log records kept with each attempt; None keeps none.",
+        convert=lambda value: _log_level(value),
+    )  # fmt: skip
+    SEARCH_SCAN_ROWS = Setting[int](
+        (int,), 25_000, "jobs an args./kwargs. search looks at per page, newest first.",
+        minimum=1000, maximum=MAX_INT,
+    )  # fmt: skip
+    TRACING = Setting[bool](
+        (bool,), True, "run attempts in OpenTelemetry spans when the [otel] extra is installed."
+    )
 
     def __init__(self, values: Mapping[str, Any]) -> None:
         self._values = dict(values)
@@ -264,7 +278,31 @@ def problems(value: Any, databases: Collection[str] | None = None) -> list[Probl
             bad.add(key)
     found += _timing_problems(value, bad)
     found += _database_problems(value, databases)
+    found += _log_level_problems(value, bad)
     return found
+
+
+def _log_level(value: Any) -> int | None:
+    """A level name or number as logging's number; None stays None."""
+    if value is None or isinstance(value, int):
+        return value
+    level = logging.getLevelName(value.upper())
+    return level if isinstance(level, int) else None
+
+
+def _log_level_problems(values: dict[str, Any], bad: set[str]) -> list[Problem]:
+    setting = ConveyorSettings.JOB_LOG_LEVEL
+    value = values.get(setting.name)
+    if setting.name in bad or not isinstance(value, str) or _log_level(value) is not None:
+        return []
+    return [
+        Problem(
+            "conveyor.E009",
+            f"{setting.key} must be a level of logging (DEBUG, INFO, WARNING, ERROR, CRITICAL, "
+            f"or a number) or None, not {value!r}.",
+            "Write a level name such as 'WARNING', or None to keep no records.",
+        )
+    ]
 
 
 def _timing_problems(values: dict[str, Any], bad: set[str]) -> list[Problem]:
@@ -335,7 +373,14 @@ def raw_settings() -> dict[str, Any]:
 # Values no code could run with; the rest (unknown keys, missing aliases, the
 # heartbeat/lease ratio) are reported by the system checks alone.
 REFUSED_AT_RUNTIME = frozenset(
-    {"conveyor.E001", "conveyor.E003", "conveyor.E004", "conveyor.E007", "conveyor.E032"}
+    {
+        "conveyor.E001",
+        "conveyor.E003",
+        "conveyor.E004",
+        "conveyor.E007",
+        "conveyor.E009",
+        "conveyor.E032",
+    }
 )
 
 

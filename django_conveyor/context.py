@@ -18,6 +18,7 @@ from django.db import connections, transaction
 from . import ledger, protocol
 from .compat import TaskContext
 from .exceptions import LeaseLost
+from .observability.progress import report as report_progress
 from .results import ConveyorTaskResult, result_from_job
 from .serialization import checked_name, loaded, to_json
 
@@ -56,6 +57,16 @@ class JobContext(TaskContext):
         return self.held.lease.id
 
     @property
+    def tags(self) -> tuple[str, ...]:
+        """The job's tags (the task's, then the call's), as enqueued."""
+        return tuple(self.held.lease.tags or ())
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        """The job's metadata, as enqueued (with the trace context, when one was active)."""
+        return self.held.lease.meta or {}
+
+    @property
     def token(self) -> int:
         """The fencing token: this attempt's lease version."""
         return self.held.lease.version
@@ -82,6 +93,18 @@ class JobContext(TaskContext):
     def lease_held(self) -> bool:
         """False once the worker knows the lease is gone or the job cancelled: stop early."""
         return not self.held.lost
+
+    def set_progress(
+        self, current: float, total: float | None = None, message: str | None = None
+    ) -> None:
+        """Report how far the handler got; the worker's next heartbeat writes the latest.
+
+        No database work here, so call it as often as you like: at most one
+        write per heartbeat interval, under this attempt's token (a lost
+        lease's progress is refused like its outcome). ValueError or
+        TypeError for a value a job could not show (see progress.report).
+        """
+        self.held.progress = report_progress(current, total, message)
 
     @property
     def cancel_requested(self) -> bool:

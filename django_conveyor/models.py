@@ -83,6 +83,15 @@ class Job(models.Model):
     # it starts to wait. Written by ENQUEUE and the gate statements of protocol.py.
     gate = tolerant_json(null=True, blank=True)
     gate_deadline = InstantField(null=True, blank=True)
+    # Observability (docs/observability.md): the progress a running handler
+    # reported ({current, total, message, attempt, updated_at}), written by
+    # HEARTBEAT_PROGRESS under the attempt's token. NULL until one is reported.
+    progress = tolerant_json(null=True, blank=True)
+    # Labels given at enqueue (task.using(tags=..., meta=...)); NULL, never
+    # empty, when there are none, so such a job has no entry in their partial
+    # GIN indexes (docs/observability.md#what-it-costs).
+    tags = tolerant_json(null=True, blank=True)  # A JSON array of strings.
+    meta = tolerant_json(null=True, blank=True)
 
     class Meta:
         db_table = "conveyor_job"
@@ -174,6 +183,9 @@ class Job(models.Model):
                 name="conveyor_job_gate_waiting_idx",
                 condition=Q(state="blocked", gate__isnull=False),
             ),
+            # Search also reads conveyor_job_tags_idx and conveyor_job_meta_idx,
+            # partial GIN indexes that migration 0014 creates in SQL: Django's
+            # GinIndex would make django.contrib.postgres a required app.
         ]
         constraints = [
             # Partial: most jobs have no key, and every claim and completion of a
@@ -282,6 +294,37 @@ class LedgerEntry(models.Model):
 
     def __str__(self) -> str:
         return f"{self.effect_key} of job {self.job_id} (v{self.lease_version})"
+
+
+class JobLog(models.Model):
+    """The log records one attempt's handler emitted (docs/observability.md#per-attempt-logs).
+
+    One row per attempt (the job and its token), written with the attempt's
+    outcome, in its transaction, only when the fence accepted that outcome.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    # The unique constraint below is the index by job; none of its own.
+    job = models.ForeignKey(Job, on_delete=models.CASCADE, related_name="logs", db_index=False)
+    lease_version = models.BigIntegerField()
+    attempt = models.IntegerField()
+    worker = models.CharField(max_length=64)
+    records = tolerant_json(default=list)  # [{time, level, logger, message}], oldest first.
+    dropped = models.IntegerField(default=0)  # Records past the bound, counted, not kept.
+    written_at = InstantField()
+
+    class Meta:
+        db_table = "conveyor_job_log"
+        ordering = ["job", "lease_version"]
+        verbose_name = "attempt log"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["job", "lease_version"], name="conveyor_job_log_attempt_uniq"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"log of job {self.job_id}, attempt {self.attempt}"
 
 
 class MissedTicks(models.TextChoices):

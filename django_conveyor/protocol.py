@@ -213,6 +213,9 @@ class NewJob:
     depends_on: tuple[int, ...] = ()  # Job ids in the same database, already enqueued.
     dependency_policy: str = "cancel"  # Or "run": run once every dependency is final.
     gate: dict[str, Any] | None = None  # A gate's definition (workflows/gates.py); None: a job.
+    # Observability: None when the job has none (NULL, no index entry).
+    tags: Sequence[str] | None = None
+    meta: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,7 +231,8 @@ _ENQUEUE_COLUMNS = """
     task_path text, args jsonb, kwargs jsonb, queue text, backend text, priority int,
     max_attempts int, run_after timestamptz, idempotency_key text, ord int,
     pending int, policy text,
-    gate jsonb
+    gate jsonb,
+    tags jsonb, meta jsonb
 """
 
 
@@ -240,13 +244,15 @@ WITH input AS (
         task_path, args, kwargs, queue, backend, priority, state, attempt, max_attempts,
         run_after, enqueued_run_after, lease_version, idempotency_key, errors, enqueued_at,
         pending_dependencies, dependency_policy,
-        gate, gate_deadline
+        gate, gate_deadline,
+        tags, meta
     )
     SELECT task_path, args, kwargs, queue, backend, priority,
            {_waits_or_runs("input", "pending > 0")}, 0, max_attempts,
            COALESCE(run_after, now()), run_after, 0, idempotency_key, '[]'::jsonb, now(),
            pending, policy,
-           gate, {_armed_deadline("input", "pending = 0", "NULL")}
+           gate, {_armed_deadline("input", "pending = 0", "NULL")},
+           tags, meta
     FROM input ORDER BY ord
     ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id, idempotency_key, queue, run_after, enqueued_at, state
@@ -284,21 +290,24 @@ def enqueue(cursor: Cursor, jobs: Sequence[NewJob], *, notify: bool) -> list[Enq
     """
     pending = pending_dependencies(cursor, jobs)
     rows = [
-        {
-            "task_path": j.task_path,
-            "args": j.args,
-            "kwargs": j.kwargs,
-            "queue": j.queue,
-            "backend": j.backend,
-            "priority": j.priority,
-            "max_attempts": j.max_attempts,
-            "run_after": j.run_after.isoformat() if j.run_after else None,
-            "idempotency_key": j.idempotency_key,
-            "ord": i,
-            "pending": pending[i],
-            "policy": j.dependency_policy,
-            **({"gate": j.gate} if j.gate is not None else {}),
-        }
+        _labelled(
+            {
+                "task_path": j.task_path,
+                "args": j.args,
+                "kwargs": j.kwargs,
+                "queue": j.queue,
+                "backend": j.backend,
+                "priority": j.priority,
+                "max_attempts": j.max_attempts,
+                "run_after": j.run_after.isoformat() if j.run_after else None,
+                "idempotency_key": j.idempotency_key,
+                "ord": i,
+                "pending": pending[i],
+                "policy": j.dependency_policy,
+                **({"gate": j.gate} if j.gate is not None else {}),
+            },
+            j,
+        )
         for i, j in enumerate(jobs)
     ]
     cursor.execute(ENQUEUE, {"rows": _json(rows), "notify": notify, "channel": NOTIFY_CHANNEL})
@@ -337,6 +346,15 @@ def enqueue(cursor: Cursor, jobs: Sequence[NewJob], *, notify: bool) -> list[Enq
             results.append(Enqueued(id_, at, after, created=False))
     _add_edges(cursor, jobs, results)
     return results
+
+
+def _labelled(row: dict[str, Any], job: NewJob) -> dict[str, Any]:
+    """`row` with the job's tags and meta, if any: a job without them sends what it sent before."""
+    if job.tags:
+        row["tags"] = list(job.tags)
+    if job.meta:
+        row["meta"] = job.meta
+    return row
 
 
 def _check_same_operation(
@@ -461,6 +479,8 @@ class Lease(NamedTuple):
     errors: list[dict[str, Any]] | None  # Entries of earlier attempts; None when none.
     isolated: bool  # Taken by CLAIM_ISOLATED: it runs without claim-ahead siblings.
     enqueued_run_after: datetime | None  # run_after as enqueued; None: not deferred.
+    tags: list[str] | None  # Observability: the job's labels, None when it has none.
+    meta: dict[str, Any] | None
 
 
 # Both halves keep their cost in proportion to the batch, not the table:
@@ -511,7 +531,8 @@ SELECT id, task_path, args, kwargs, queue, backend, priority, attempt, max_attem
        lease_version, idempotency_key, enqueued_at, started_at, lease_owner,
        date_part('epoch', started_at) - date_part('epoch', greatest(enqueued_at, run_after))
            AS pickup_delay,
-       NULLIF(errors, '[]'::jsonb) AS errors, isolated, enqueued_run_after
+       NULLIF(errors, '[]'::jsonb) AS errors, isolated, enqueued_run_after,
+       tags, meta
 FROM claimed
 ORDER BY priority DESC, run_after, id
 """
@@ -609,6 +630,29 @@ RETURNING j.id, j.cancel_requested_at IS NOT NULL
 """
 
 
+# HEARTBEAT with the progress handlers reported since the last beat
+# (context.set_progress), in the same statement under the same fence: the
+# worker sends it instead of HEARTBEAT when some lease has progress to write,
+# so a beat stays one statement. A held row without new progress keeps its
+# own; a row it skips (locked) is written by a later beat.
+HEARTBEAT_PROGRESS = """
+WITH renew AS (
+    SELECT j.id, h.progress
+    FROM conveyor_job AS j
+    JOIN jsonb_to_recordset(%(held)s::jsonb) AS h(id bigint, version bigint, progress jsonb)
+      ON j.id = h.id AND j.lease_version = h.version
+    WHERE j.state = 'running' AND j.lease_owner = %(owner)s
+    FOR UPDATE OF j SKIP LOCKED
+)
+UPDATE conveyor_job AS j
+SET lease_expires_at = now() + make_interval(secs => %(lease)s),
+    progress = CASE WHEN renew.progress IS NULL THEN j.progress
+        ELSE renew.progress || jsonb_build_object('attempt', j.attempt, 'updated_at', now()) END
+FROM renew
+WHERE j.id = renew.id
+RETURNING j.id, j.cancel_requested_at IS NOT NULL
+"""
+
 # A plain read, no lock, only when HEARTBEAT missed some of the held rows:
 # SKIP LOCKED also skips a row that another worker's CLAIM has just locked
 # and then rejected (PostgreSQL keeps that lock until the claim commits).
@@ -634,10 +678,35 @@ def heartbeat(
     token come back in `locked`. The result also says which renewed jobs
     have a cancel request.
     """
-    held = [{"id": id_, "version": version} for id_, version in held]
+    rows = [{"id": id_, "version": version} for id_, version in held]
+    return _renew(cursor, HEARTBEAT, owner, rows, lease_seconds)
+
+
+def heartbeat_progress(
+    cursor: Cursor,
+    *,
+    owner: str,
+    held: Iterable[tuple[int, int, dict[str, Any] | None]],
+    lease_seconds: float,
+) -> Renewed:
+    """HEARTBEAT that also writes the progress each (id, version, progress) carries.
+
+    Guard and result as HEARTBEAT's; a progress of None leaves the row's own.
+    The attempt and the database time are added to each progress written.
+    """
+    rows = [
+        {"id": i, "version": v} if p is None else {"id": i, "version": v, "progress": p}
+        for i, v, p in held
+    ]
+    return _renew(cursor, HEARTBEAT_PROGRESS, owner, rows, lease_seconds)
+
+
+def _renew(
+    cursor: Cursor, sql: str, owner: str, held: list[dict[str, Any]], lease_seconds: float
+) -> Renewed:
     if not held:
         return Renewed()
-    cursor.execute(HEARTBEAT, {"held": _json(held), "owner": owner, "lease": lease_seconds})
+    cursor.execute(sql, {"held": _json(held), "owner": owner, "lease": lease_seconds})
     rows = cursor.fetchall()
     renewed = {id_ for id_, _ in rows}
     missed = [h for h in held if h["id"] not in renewed]
@@ -886,6 +955,26 @@ def lock_for_effect(cursor: Cursor, *, job_id: int, owner: str, version: int) ->
     return bool(cursor.fetchall())
 
 
+# Part of the outcome statements (not an action: it writes conveyor_job_log,
+# not conveyor_job): the log records of attempts whose outcome this cycle
+# wrote, in the same transaction. The join on the token refuses a log of an
+# attempt whose job a later CLAIM took; the caller passes only the ids the
+# fenced outcome statements wrote, so a refused outcome writes no log.
+ATTEMPT_LOG = """
+INSERT INTO conveyor_job_log (job_id, lease_version, attempt, worker, records, dropped, written_at)
+SELECT j.id, j.lease_version, j.attempt, %(owner)s, h.records, h.dropped, now()
+FROM jsonb_to_recordset(%(logs)s::jsonb) AS h(id bigint, version bigint, records jsonb, dropped int)
+JOIN conveyor_job AS j ON j.id = h.id AND j.lease_version = h.version
+ON CONFLICT (job_id, lease_version) DO NOTHING
+"""
+
+
+def attempt_log(cursor: Cursor, *, owner: str, logs: list[dict[str, Any]]) -> None:
+    """Keep each attempt's records: `logs` of {id, version, records, dropped}."""
+    if logs:
+        cursor.execute(ATTEMPT_LOG, {"owner": owner, "logs": _json(logs)})
+
+
 # -- Maintenance: any worker, on any worker's jobs -------------------------------------------------
 
 
@@ -960,6 +1049,8 @@ WITH doomed AS (
     DELETE FROM conveyor_dependency AS d USING doomed WHERE d.job_id = doomed.id
 ), edges_out AS (
     DELETE FROM conveyor_dependency AS d USING doomed WHERE d.depends_on_id = doomed.id
+), logs AS (
+    DELETE FROM conveyor_job_log AS l USING doomed WHERE l.job_id = doomed.id
 )
 DELETE FROM conveyor_job AS j USING doomed WHERE j.id = doomed.id
 """
@@ -1551,11 +1642,13 @@ WITH due AS (
 CRON_ENQUEUE = f"""{CRON_ROW_GUARD}, inserted AS (
     INSERT INTO conveyor_job (
         task_path, args, kwargs, queue, backend, priority, state, attempt, max_attempts,
-        run_after, enqueued_run_after, lease_version, idempotency_key, errors, enqueued_at
+        run_after, enqueued_run_after, lease_version, idempotency_key, errors, enqueued_at,
+        tags, meta
     )
     SELECT %(task_path)s, %(args)s::jsonb, %(kwargs)s::jsonb, %(queue)s, %(backend)s,
            %(priority)s, 'available', 0, %(max_attempts)s, %(tick)s, %(tick)s, 0, %(key)s,
-           '[]'::jsonb, now()
+           '[]'::jsonb, now(),
+           %(tags)s::jsonb, %(meta)s::jsonb
     FROM due
     ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
     RETURNING id, queue, run_after
@@ -1610,6 +1703,8 @@ def cron_enqueue(
             "priority": job.priority,
             "max_attempts": job.max_attempts,
             "key": cron_key(name, tick),
+            "tags": _json(list(job.tags)) if job.tags else None,
+            "meta": _json(job.meta) if job.meta else None,
             "notify": notify,
             "channel": NOTIFY_CHANNEL,
         },
@@ -1644,6 +1739,7 @@ ACTIONS = {
     "CONDITION_MET": condition_met,
     "GATE_TIMEOUT": gate_timeout,
     "CHECKPOINT": checkpoint,
+    "HEARTBEAT_PROGRESS": heartbeat_progress,
 }
 
 

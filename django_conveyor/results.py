@@ -9,7 +9,7 @@ job's own `state` next to the django.tasks `status`.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +23,7 @@ from .compat import (
 )
 from .conf import conveyor_settings
 from .exceptions import UnknownTask
+from .observability.progress import Progress
 from .states import TASK_STATUS, JobState
 from .tasks import resolve_task
 
@@ -34,6 +35,11 @@ if TYPE_CHECKING:
 class ConveyorTaskResult(TaskResult):
     created: bool = True  # False when an idempotency key returned an existing job.
     state: str = JobState.AVAILABLE  # The job's own state, finer than `status`.
+    # Observability (docs/observability.md): the job's labels, and the
+    # progress its running handler last reported (None until one did).
+    tags: tuple[str, ...] = ()
+    meta: dict[str, Any] = field(default_factory=dict)
+    progress: Progress | None = None
 
     def __post_init__(self) -> None:
         # No normalising copy of args and kwargs: every result is built by
@@ -50,7 +56,7 @@ class ConveyorTaskResult(TaskResult):
 
     def _copy_from(self, fresh: TaskResult) -> None:
         # refresh() updates this very object (the django.tasks contract), frozen or not.
-        for attr in (*TASK_REFRESH_ATTRS, "state"):
+        for attr in (*TASK_REFRESH_ATTRS, "state", "tags", "meta", "progress"):
             object.__setattr__(self, attr, getattr(fresh, attr))
 
 
@@ -125,8 +131,11 @@ def task_result(
     lease_owner: str | None = None,
     return_value: Any = None,
     created: bool = True,
+    tags: Sequence[str] | None = None,
+    meta: dict[str, Any] | None = None,
+    progress: Any = None,
 ) -> ConveyorTaskResult:
-    """The result of a job in `state`, from its row's values."""
+    """The result of a job in `state`, from its row's values (`progress`: the column's JSON)."""
     result = ConveyorTaskResult(
         task=task,
         id=result_id(database, job_id),
@@ -142,6 +151,9 @@ def task_result(
         worker_ids=worker_ids(errors, state, lease_owner),
         created=created,
         state=state,
+        tags=tuple(tags) if tags else (),
+        meta=meta or {},
+        progress=Progress.of(progress) if progress is not None else None,
     )
     return _with_return_value(result, return_value)
 
@@ -194,4 +206,7 @@ def result_from_job(job: Job, *, database: str, created: bool = True) -> Conveyo
         lease_owner=job.lease_owner,
         return_value=job.return_value,
         created=created,
+        tags=job.tags if isinstance(job.tags, list) else None,  # A bad row shows none.
+        meta=job.meta if isinstance(job.meta, dict) else None,
+        progress=job.progress,
     )

@@ -19,11 +19,13 @@ from .compat import (
     DEFAULT_TASK_BACKEND_ALIAS,
     DEFAULT_TASK_PRIORITY,
     DEFAULT_TASK_QUEUE_NAME,
+    InvalidTask,
     Task,
     TaskResult,
     task_backends,
 )
 from .exceptions import UnknownTask
+from .observability.labels import combined_tags, meta_problem, tags_problem
 
 OPTION_NAMES = (
     "max_attempts",
@@ -32,6 +34,8 @@ OPTION_NAMES = (
     "backoff_cap",
     "idempotency_key",
     "dependency_policy",
+    "tags",
+    "meta",
 )
 DEPENDENCY_POLICIES = ("cancel", "run")
 # Read by the worker from the task itself, so a per-call value could not reach it.
@@ -50,8 +54,13 @@ class ConveyorTask(Task):
     idempotency_key: str | None = None  # Set per call with .using(); one job per key.
     depends_on: tuple[str, ...] = ()  # Result ids this call waits for; per call, .using().
     dependency_policy: str = "cancel"  # "run": run once every dependency is final.
+    # Observability (docs/observability.md): labels stored on the job row.
+    tags: tuple[str, ...] = ()  # The task's, then each .using()'s, duplicates dropped.
+    meta: dict[str, Any] | None = field(default=None, hash=False)  # Per call, .using().
 
     def __post_init__(self) -> None:
+        if isinstance(self.tags, list):  # @task(tags=[...]): kept as a tuple, like .using()'s.
+            object.__setattr__(self, "tags", combined_tags(self.tags))
         Task.__post_init__(self)  # No bare super(): slotted dataclasses lose its cell.
         _known_task_paths.add(self.module_path)
 
@@ -60,10 +69,13 @@ class ConveyorTask(Task):
         *,
         idempotency_key: str | None = None,
         depends_on: Iterable[Any] | None = None,
+        tags: Iterable[str] | None = None,
+        meta: dict[str, Any] | None = None,
         **changes: Any,
     ) -> ConveyorTask:
         """Like Task.using(), plus `max_attempts`, `idempotency_key`, `depends_on`
-        (results or result ids of jobs already enqueued) and `dependency_policy`."""
+        (results or result ids of jobs already enqueued), `dependency_policy`,
+        `tags` (added to the task's) and `meta` (merged over earlier .using()'s)."""
         per_task = sorted(set(changes) & set(PER_TASK_OPTIONS))
         if per_task:
             raise TypeError(
@@ -75,6 +87,14 @@ class ConveyorTask(Task):
             extra["idempotency_key"] = idempotency_key
         if depends_on is not None:
             extra["depends_on"] = dependency_ids(depends_on)
+        if tags is not None:
+            if problem := tags_problem(tags):
+                raise InvalidTask(problem)
+            extra["tags"] = combined_tags(self.tags, tags)
+        if meta is not None:
+            if problem := meta_problem(meta):
+                raise InvalidTask(problem)
+            extra["meta"] = {**(self.meta or {}), **meta}
         task = Task.using(self, **changes) if changes else self
         extra = {k: v for k, v in extra.items() if v is not None}
         return replace(task, **extra) if extra else task
@@ -150,10 +170,9 @@ def task(
     unknown = set(options) - set(OPTION_NAMES)
     if unknown:
         raise TypeError(f"Unknown task option(s): {', '.join(sorted(unknown))}.")
-    if "idempotency_key" in options:
-        raise TypeError(
-            "idempotency_key is per call: use task.using(idempotency_key=...).enqueue(...)."
-        )
+    for per_call in ("idempotency_key", "meta"):
+        if per_call in options:
+            raise TypeError(f"{per_call} is per call: use task.using({per_call}=...).enqueue(...).")
 
     def wrapper(func: Callable[..., Any]) -> Task:
         task_class = task_backends[backend].task_class

@@ -235,6 +235,8 @@ def _claim(database: str, owner: str, queues: Sequence[str] | None) -> list[prot
             args=loads_or_unreadable(lease.args, "args"),
             kwargs=loads_or_unreadable(lease.kwargs, "kwargs"),
             errors=loads_or_unreadable(lease.errors, "errors"),
+            tags=loads_or_unreadable(lease.tags, "tags"),
+            meta=loads_or_unreadable(lease.meta, "meta"),
         )
         for lease in leases
     ]

@@ -76,14 +76,24 @@ def worker_env() -> dict[str, str]:
 
 
 def start_worker(
-    *args: str, log: Path | None = None, env: dict[str, str] | None = None
+    *args: str,
+    log: Path | None = None,
+    settings: str | None = None,
+    env: dict[str, str] | None = None,
 ) -> subprocess.Popen[bytes]:
-    """A real `manage.py conveyor_worker` process against the test database (`env` added)."""
+    """A real `manage.py conveyor_worker` process against the test database.
+
+    `settings`: another settings module (one that imports tests.settings);
+    `env`: more environment variables.
+    """
     out = open(log, "wb") if log else subprocess.DEVNULL  # noqa: SIM115
+    environment = {**worker_env(), **(env or {})}
+    if settings:
+        environment["DJANGO_SETTINGS_MODULE"] = settings
     return subprocess.Popen(
         [sys.executable, "-m", "django", "conveyor_worker", "-v", "2", *args],
         cwd=REPO,
-        env={**worker_env(), **(env or {})},
+        env=environment,
         stdout=out,
         stderr=subprocess.STDOUT,
         start_new_session=True,

@@ -89,6 +89,7 @@ CONVEYOR = {
         "tests.testapp.tasks.send_email",
         "tests.testapp.tasks.apply_once",
         "tests.testapp.tasks.fails_*",
+        "tests.testapp.observe_tasks.tagged",
     ],
 }
 

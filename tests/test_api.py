@@ -467,6 +467,7 @@ class TestSchemaAndDocs:
             ("post", "/conveyor/api/jobs"),
             ("get", "/conveyor/api/jobs"),
             ("get", "/conveyor/api/jobs/{job_id}"),
+            ("get", "/conveyor/api/jobs/{job_id}/logs"),
             ("post", "/conveyor/api/jobs/{job_id}/requeue"),
             ("post", "/conveyor/api/jobs/{job_id}/cancel"),
             ("post", "/conveyor/api/jobs/{job_id}/signal"),

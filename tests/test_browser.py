@@ -302,3 +302,57 @@ def test_the_waiting_page_needs_the_operate_permission(chromium, live_server):
     assert response.status == 403
     assert Job.objects.get(pk=int(gate.id)).state == "blocked"
     page.close()
+
+
+def test_the_search_box_takes_the_syntax_and_tags_link_to_their_search(page, live_server):
+    wanted = JobFactory(tags=["tenant:42", "import"], kwargs={"customer_id": 42})
+    JobFactory(tags=["tenant:4"], kwargs={"customer_id": 42})
+    JobFactory(kwargs={"customer_id": 7})
+    jobs = live_server.url + reverse("admin:conveyor_job_changelist")
+    page.goto(jobs)
+    assert "tag:tenant:42" in page.inner_text("#searchbar_helptext")
+    page.fill("#searchbar", "tag:tenant:42 kwargs.customer_id:42")
+    page.press("#searchbar", "Enter")
+    page.wait_for_url("**q=tag*")
+    assert page.locator("#result_list tbody tr").count() == 1
+    assert page.inner_text("#result_list tbody tr .field-id") == str(wanted.id)
+    shot(page, "search")
+
+    page.fill("#searchbar", "")
+    page.press("#searchbar", "Enter")
+    page.wait_for_url(jobs + "?q=")
+    page.click("#result_list a.conveyor-tag:text-is('import')")
+    page.wait_for_url("**q=tag*import*")
+    assert page.locator("#result_list tbody tr").count() == 1
+
+    page.fill("#searchbar", "colour:blue")
+    page.press("#searchbar", "Enter")
+    page.wait_for_selector("ul.messagelist .error")
+    assert "Unknown search field 'colour'" in page.inner_text("ul.messagelist")
+    assert page.locator("#result_list tbody tr").count() == 0
+
+
+def test_progress_of_a_real_workers_job_on_its_page_and_the_dashboard(page, live_server, tmp_path):
+    from tests.helpers import kill_group, start_worker, stop_process
+    from tests.testapp import observe_tasks
+
+    release = tmp_path / "release"
+    job_id = int(observe_tasks.reports_progress.enqueue(4, str(release)).id)
+    proc = start_worker("--queues", "default", log=tmp_path / "worker.log")
+    try:
+        wait_until(lambda: Job.objects.get(pk=job_id).progress is not None, timeout=30)
+        page.goto(live_server.url + reverse("admin:conveyor_job_change", args=[job_id]))
+        report = page.inner_text(".field-progress_bar .conveyor-progress-report")
+        assert "100%" in report and "4 of 4: step 4" in report and "attempt 1" in report
+        assert page.get_attribute(".field-progress_bar progress", "value") == "100"
+        shot(page, "job-progress")
+        page.goto(live_server.url + reverse("admin:conveyor_dashboard_changelist"))
+        row = page.locator(f"#conveyor-running tr[data-job='{job_id}']")
+        assert "4 of 4: step 4" in row.inner_text()
+        assert row.locator("progress").get_attribute("value") == "100"
+        shot(page, "dashboard-running")
+        release.touch()
+        wait_until(lambda: Job.objects.get(pk=job_id).state == "completed", timeout=30)
+        assert stop_process(proc) == 0
+    finally:
+        kill_group(proc)

@@ -131,6 +131,7 @@ def test_maximums_are_declared():
     assert maximums == dict.fromkeys(seconds, bounds.MAX_SECONDS) | {
         "MAX_ATTEMPTS": 2**31 - 1,
         "PREFETCH": 2**31 - 1,
+        "SEARCH_SCAN_ROWS": 2**31 - 1,
     }
     with override_settings(CONVEYOR={"MAX_ATTEMPTS": 2**31}):
         assert errors(check_settings) == [
@@ -167,6 +168,7 @@ def test_bounds_are_declared_not_read_from_key_names():
         "PREFETCH": (0, False),
         "RETENTION_SECONDS": (0, True),
         "API_MAX_BODY_BYTES": (1, False),
+        "SEARCH_SCAN_ROWS": (1000, False),
     }
     ids = {s.name: s.bound_id for s in BOUNDED}
     assert ids == dict.fromkeys(bounds, "conveyor.E004") | {"API_MAX_BODY_BYTES": "conveyor.E032"}
@@ -193,6 +195,7 @@ def test_defaults_are_the_documented_ones():
             "DATABASE": "default",
             "GATES_SECONDS": 1.0,
             "HEARTBEAT_SECONDS": 10.0,
+            "JOB_LOG_LEVEL": 30,  # "WARNING", as logging's number
             "LEASE_SECONDS": 30.0,
             "LISTEN": True,
             "LISTENER_DSN": None,
@@ -204,7 +207,9 @@ def test_defaults_are_the_documented_ones():
             "QUEUE_DATABASES": {},
             "REAP_SECONDS": 5.0,
             "RETENTION_SECONDS": 604800.0,
+            "SEARCH_SCAN_ROWS": 25000,
             "SHUTDOWN_TIMEOUT_SECONDS": 30.0,
+            "TRACING": True,
         }
 
 
@@ -223,6 +228,7 @@ BAD_ONE_EACH = {
     "conveyor.E006": {"LEASE_SECONDS": 10, "HEARTBEAT_SECONDS": 6},
     "conveyor.E007": {"QUEUE_DATABASES": {"emails": 1}},
     "conveyor.E008": {"QUEUE_DATABASES": {"emails": "nowhere"}},
+    "conveyor.E009": {"JOB_LOG_LEVEL": "LOUD"},
 }
 
 

@@ -34,7 +34,10 @@ def test_cancel_by_ids_and_dry_run(capsys):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["requeue"], "Select jobs with --ids, --state, --queue or --task."),
+        (["requeue"], "Select jobs with --ids, --state, --queue, --task or --search."),
+        (["requeue", "--search", "colour:blue"], "--search: Unknown search field 'colour'"),
+        (["requeue", "--search", 'meta.a:"open'], "--search: A quoted value is not closed"),
+        (["requeue", "--search", "  "], "--search needs at least one term"),
         (["requeue", "--state", "running"], "Cannot requeue jobs in state 'running'"),
         (["cancel", "--ids", "1,x"], "--ids takes comma-separated job ids, not '1,x'."),
     ],
@@ -44,6 +47,21 @@ def test_bad_selections_are_named(args, message):
     with pytest.raises(CommandError, match=message.replace("(", r"\(").replace(")", r"\)")):
         call_command("conveyor_jobs", *args)
     assert Job.objects.get().state == "dead"
+
+
+def test_requeue_what_a_search_finds_with_the_other_filters(capsys):
+    wanted = JobFactory(dead=True, tags=["tenant:42"], kwargs={"customer_id": 42})
+    other_tenant = JobFactory(dead=True, tags=["tenant:4"], kwargs={"customer_id": 42})
+    other_customer = JobFactory(dead=True, tags=["tenant:42"], kwargs={"customer_id": 7})
+    running = JobFactory(running=True, tags=["tenant:42"], kwargs={"customer_id": 42})
+    query = "tag:tenant:42 kwargs.customer_id:42"
+    call_command("conveyor_jobs", "requeue", "--search", query, "--dry-run")
+    assert "Would requeue 1 job(s)." in capsys.readouterr().out
+    call_command("conveyor_jobs", "requeue", "--search", query)
+    assert "Requeued 1 job(s)." in capsys.readouterr().out
+    states = dict(Job.objects.values_list("id", "state"))
+    assert states == {wanted.id: "available", other_tenant.id: "dead",
+                      other_customer.id: "dead", running.id: "running"}  # fmt: skip
 
 
 def test_pause_resume_and_list(capsys):

@@ -98,7 +98,9 @@ class ProtocolMachine(RuleBasedStateMachine):
         self.conns = {w: connect("default", prepare=False) for w in WORKERS}
         for conn in self.conns.values():
             conn.execute("SET lock_timeout = '500ms'")
-        self.admin.execute("TRUNCATE conveyor_ledger, conveyor_dependency, conveyor_job")
+        self.admin.execute(
+            "TRUNCATE conveyor_ledger, conveyor_dependency, conveyor_job_log, conveyor_job"
+        )
         self.jobs: dict[int, ModelJob] = {}
         # (job, token) pairs a worker acts on: its control loop's lease plus
         # older attempts whose handlers have not reported yet (zombies).

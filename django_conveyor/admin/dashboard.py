@@ -1,5 +1,6 @@
 """The dashboard: per queue what is ready, scheduled, running, failed and dead,
-throughput over the last hour, pickup lag, pauses and workers.
+throughput over the last hour, pickup lag, pauses and workers, and the
+newest running jobs with their progress.
 
 It is the changelist of a proxy model, so it sits first in the app's list.
 The page refreshes its body every few seconds from `?fragment=1`.
@@ -17,9 +18,11 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 from .. import operations
-from ..models import Dashboard
+from ..conf import conveyor_settings
+from ..models import Dashboard, Job
 from ..queue_counts import EXACT_BELOW
-from . import overview
+from ..states import JobState
+from . import jobpage, overview
 
 REFRESH_SECONDS = 5
 
@@ -70,6 +73,8 @@ class DashboardAdmin(admin.ModelAdmin):
             "refresh_seconds": REFRESH_SECONDS,
             "lost_after_seconds": overview.lost_after_seconds(),
             "exact_below": f"{EXACT_BELOW:,}",
+            "running_now": running_now(),
+            "running_limit": RUNNING_LIMIT,
             **(extra_context or {}),
         }
         request.current_app = self.admin_site.name
@@ -82,6 +87,30 @@ class DashboardAdmin(admin.ModelAdmin):
 
 
 # Bar charts as inline SVG, drawn on the server: nothing to fetch, no script.
+RUNNING_LIMIT = 20  # Rows of the dashboard's "Running now" table.
+
+
+def running_now() -> list[tuple[Job, str]]:
+    """The newest running jobs, each with its progress as the job page shows it."""
+    jobs = (
+        Job.objects.using(conveyor_settings().DATABASE)
+        .filter(state=JobState.RUNNING)
+        .only(
+            "id",
+            "task_path",
+            "queue",
+            "attempt",
+            "max_attempts",
+            "lease_owner",
+            "started_at",
+            "progress",
+            "state",
+        )
+        .order_by("-id")[:RUNNING_LIMIT]
+    )
+    return [(job, jobpage.progress_bar(job)) for job in jobs]
+
+
 def bar_chart(
     values: Sequence[int], *, width: int = 120, height: int = 28, label: str = ""
 ) -> SafeString:

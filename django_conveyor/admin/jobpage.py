@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
+from urllib.parse import urlencode
 
 from django.utils.dateparse import parse_datetime
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 
 from ..bounds import instant_breach
-from ..models import Job
+from ..models import Job, JobLog
+from ..observability.progress import Progress
 from ..states import JobState
 
 CANCELLED = "django_conveyor.exceptions.Cancelled"
@@ -31,6 +33,9 @@ class Attempt:
     outcome: str
     error_class: str = ""
     traceback: str = ""
+    token: int | None = None  # The attempt's lease version: its log's key.
+    log: list[dict[str, Any]] | None = None  # The records it logged (conveyor_job_log).
+    log_dropped: int = 0  # Records past the bound, counted, not kept.
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +76,21 @@ def _error_outcome(error_class: str, last: bool, state: str) -> str:
     return "raised: retried"
 
 
-def attempts(job: Job) -> list[Attempt]:
+def attempts(job: Job, database: str) -> list[Attempt]:
+    """Every attempt the row remembers, oldest first, each with the records it logged."""
+    logs = {
+        version: (records, dropped)
+        for version, records, dropped in JobLog.objects.using(database)
+        .filter(job_id=job.pk)
+        .values_list("lease_version", "records", "dropped")
+    }
+    return [
+        replace(a, log=logs[a.token][0], log_dropped=logs[a.token][1]) if a.token in logs else a
+        for a in _attempts(job)
+    ]
+
+
+def _attempts(job: Job) -> list[Attempt]:
     """Every attempt the row remembers, oldest first: its errors, then the current one."""
     errors = _entries(job.errors)
     rows = [
@@ -85,15 +104,27 @@ def attempts(job: Job) -> list[Attempt]:
             ),
             error_class=e.get("exception_class_path") or "",
             traceback=e.get("traceback") or "",
+            token=e.get("token"),
         )
         for i, e in enumerate(errors)
     ]
     if job.state == JobState.RUNNING:
         outcome = "running, cancel requested" if job.cancel_requested_at else "running"
-        rows.append(Attempt(job.attempt, job.lease_owner, job.started_at, None, outcome))
+        rows.append(
+            Attempt(
+                job.attempt, job.lease_owner, job.started_at, None, outcome, token=job.lease_version
+            )
+        )
     elif job.state == JobState.COMPLETED:
         rows.append(
-            Attempt(job.attempt, job.lease_owner, job.started_at, job.finished_at, "completed")
+            Attempt(
+                job.attempt,
+                job.lease_owner,
+                job.started_at,
+                job.finished_at,
+                "completed",
+                token=job.lease_version,
+            )
         )
     return rows
 
@@ -111,3 +142,47 @@ def pretty_json(value: Any) -> str:
     # default=str: a number past Python's limits is a Decimal (readable.py).
     text = json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True, default=str)
     return format_html("<pre class='conveyor-json'>{}</pre>", text)
+
+
+def tag_chips(tags: Any, list_url: str) -> str:
+    """A job's tags as chips, each linking to the search `tag:<tag>` of the job list."""
+    if not isinstance(tags, list) or not tags:
+        return "-"
+    return format_html_join(
+        " ",
+        "<a class='conveyor-tag' href='{}?{}'>{}</a>",
+        ((list_url, urlencode({"q": f'tag:"{_quoted(tag)}"'}), tag) for tag in tags),
+    )
+
+
+def _quoted(value: str) -> str:
+    """`value` inside the search syntax's double quotes."""
+    return value.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def progress_bar(job: Job) -> str:
+    """What the handler last reported: a bar (with a total), the numbers, the message, when."""
+    progress = Progress.of(job.progress)
+    if progress is None:
+        return "none reported"
+    numbers = f"{progress.current:g}" + (f" of {progress.total:g}" if progress.total else "")
+    when = f"{progress.updated_at:%Y-%m-%d %H:%M:%S}" if progress.updated_at else "?"
+    bar = (
+        format_html(
+            "<progress class='conveyor-progress' max='100' value='{}'>{}%</progress> {}% ",
+            progress.percent,
+            progress.percent,
+            progress.percent,
+        )
+        if progress.percent is not None
+        else ""
+    )
+    return format_html(
+        "<span class='conveyor-progress-report'>{}{}{} "
+        "<span class='conveyor-note'>(attempt {}, {})</span></span>",
+        bar,
+        numbers,
+        f": {progress.message}" if progress.message else "",
+        progress.attempt if progress.attempt is not None else "?",
+        when,
+    )

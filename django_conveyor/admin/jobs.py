@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.contrib.admin.utils import quote
 from django.contrib.admin.views.main import ChangeList
-from django.db.models import Q, QuerySet
+from django.db.models import QuerySet
 from django.db.models.expressions import RawSQL
 from django.http import Http404, HttpRequest
 from django.template.response import TemplateResponse
@@ -24,6 +24,7 @@ from django.utils.safestring import mark_safe
 from .. import operations
 from ..conf import conveyor_settings
 from ..models import DeadLetter, Job, LedgerEntry, Worker
+from ..observability import search
 from ..states import CANCELLABLE_STATES, REQUEUEABLE_STATES, JobState
 from ..tasks import known_task_paths
 from . import jobpage, workflow
@@ -43,6 +44,7 @@ LIST_COLUMNS = (
     "finished_at",
     "lease_owner",
     "cancel_requested_at",
+    "tags",
 )
 
 
@@ -127,11 +129,17 @@ class JobAdmin(ReadOnlyAdmin):
         "enqueued_at",
         "finished_at",
         "worker",
+        "tag_chips",
     )
     list_columns = LIST_COLUMNS
     list_filter = ("state", QueueFilter, TaskFilter, WorkerFilter)
     search_fields = ("=id",)  # Shows the box; get_search_results decides.
-    search_help_text = "An exact job id or idempotency key, or part of a task's path."
+    search_help_text = mark_safe(
+        "<code>tag:tenant:42</code> <code>meta.request_id:ab12</code> "
+        "<code>args.0:COFFEE-1KG</code> <code>kwargs.customer_id:42</code> "
+        "<code>key:order-7</code>, or a job id, idempotency key or part of a task's path; "
+        "all terms must match. See the search syntax in the observability docs."
+    )
     sortable_by = ("id",)  # Sorting by anything else would sort the whole table.
     actions = [requeue_jobs, cancel_jobs]
     inlines = [LedgerInline]
@@ -145,16 +153,27 @@ class JobAdmin(ReadOnlyAdmin):
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[Job], search_term: str
     ) -> tuple[QuerySet[Job], bool]:
-        term = search_term.strip()
-        if not term:
+        """The search syntax of docs/observability.md#search, on the filtered list."""
+        try:
+            found = search.parse(search_term)
+        except search.InvalidSearch as exc:
+            messages.error(request, f"Search: {exc}")
+            return queryset.none(), False
+        if not found:
             return queryset, False
-        match = Q(idempotency_key=term)
-        if term.isdigit():
-            match |= Q(pk=int(term))
-        paths = [p for p in known_task_paths() if term.lower() in p.lower()]
-        if paths:
-            match |= Q(task_path__in=paths)
-        return queryset.filter(match), False
+        sql, params = found.where(known_task_paths())
+        database = conveyor_settings().DATABASE
+        if found.windowed(database, request.GET.get("task")):
+            rows = conveyor_settings().SEARCH_SCAN_ROWS
+            floor = queryset.order_by("-id").values_list("id", flat=True)[rows - 1 : rows]
+            if floor:  # More jobs than the window: look at the newest `rows` only.
+                queryset = queryset.filter(id__gte=floor[0])
+                messages.info(
+                    request,
+                    f"args. and kwargs. terms searched the newest {rows:,} jobs of this list; "
+                    "narrow it with the state, queue or task filters to search further back.",
+                )
+        return queryset.extra(where=[sql], params=params), False
 
     def get_urls(self) -> list[Any]:
         info = f"{self.opts.app_label}_{self.opts.model_name}"
@@ -220,6 +239,8 @@ class JobAdmin(ReadOnlyAdmin):
                         ("enqueued_at", "run_after"),
                         ("started_at", "finished_at"),
                         "idempotency_key",
+                        "tag_chips",
+                        "meta_json",
                     )
                 },
             ),
@@ -230,6 +251,7 @@ class JobAdmin(ReadOnlyAdmin):
                         "held_by",
                         ("lease_version", "lease_expires_at"),
                         "cancel_request",
+                        "progress_bar",
                     )
                 },
             ),
@@ -250,7 +272,7 @@ class JobAdmin(ReadOnlyAdmin):
         context = dict(extra_context or {})
         if job is not None:
             context.update(
-                attempts=jobpage.attempts(job),
+                attempts=jobpage.attempts(job, conveyor_settings().DATABASE),
                 operator_history=jobpage.history(job),
                 show_payloads=can_view_payloads(request),
                 can_operate=self.has_operate_permission(request),
@@ -316,6 +338,19 @@ class JobAdmin(ReadOnlyAdmin):
             return "none"
         return f"by {obj.cancel_requested_by} at {obj.cancel_requested_at:%Y-%m-%d %H:%M:%S}"
 
+    @admin.display(description="tags")
+    def tag_chips(self, obj: Job) -> str:
+        """Each tag, linked to the list of the jobs that have it."""
+        return jobpage.tag_chips(obj.tags, reverse("admin:conveyor_job_changelist"))
+
+    @admin.display(description="meta")
+    def meta_json(self, obj: Job) -> str:
+        return jobpage.pretty_json(obj.meta) if obj.meta else "-"
+
+    @admin.display(description="progress")
+    def progress_bar(self, obj: Job) -> str:
+        return jobpage.progress_bar(obj)
+
     @admin.display(description="args")
     def args_json(self, obj: Job) -> str:
         return jobpage.pretty_json(obj.args)
@@ -346,6 +381,7 @@ class DeadLetterAdmin(JobAdmin):
         "attempts",
         "finished_at",
         "last_error",
+        "tag_chips",
     )
     list_filter = ("state", QueueFilter, TaskFilter)
     actions = [requeue_jobs]

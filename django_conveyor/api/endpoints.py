@@ -26,10 +26,13 @@ from ..bounds import MAX_INT, is_count
 from ..compat import InvalidTask, Task, TaskResultDoesNotExist
 from ..conf import conveyor_settings
 from ..exceptions import ArgumentsNotSerializable, GateError, GateNotFound, IdempotencyKeyReused
-from ..models import Job
+from ..models import Job, JobLog
+from ..observability import search
+from ..observability.progress import Progress
 from ..results import parse_result_id, result_id
 from ..serialization import text_problem
 from ..states import CANCELLABLE_STATES, REQUEUEABLE_STATES, JobState
+from ..tasks import known_task_paths
 from . import listing
 from .allowlist import NotAllowed, UnknownTask, allow_list
 from .auth import credentials
@@ -37,6 +40,7 @@ from .errors import Problem, field_problem, limit_body
 from .schemas import (
     DEFAULT_PAGE_SIZE,
     MAX_PAGE_SIZE,
+    AttemptLogOut,
     EnqueueIn,
     JobOut,
     JobPage,
@@ -85,6 +89,7 @@ def job_summary(job: Job, database: str) -> dict[str, Any]:
         "enqueued_at": job.enqueued_at,
         "started_at": job.started_at,
         "finished_at": job.finished_at,
+        "tags": job.tags if isinstance(job.tags, list) else [],
     }
 
 
@@ -100,6 +105,8 @@ def job_out(job: Job, database: str) -> dict[str, Any]:
         "cancel_requested_by": job.cancel_requested_by,
         "gate": job.gate,
         "gate_deadline": job.gate_deadline,
+        "progress": _progress(job.progress),
+        "meta": job.meta if isinstance(job.meta, dict) else {},
     }
 
 
@@ -119,6 +126,11 @@ def _job_error(entry: Any) -> dict[str, Any]:
         "traceback": text("traceback") or "",
         "time": text("time"),
     }
+
+
+def _progress(value: Any) -> dict[str, Any] | None:
+    progress = Progress.of(value)
+    return progress.as_json() if progress else None
 
 
 def _location(job_id: str) -> str:
@@ -170,9 +182,16 @@ def _called(task: Task, body: EnqueueIn, key: str | None) -> Task:
     if key is not None:
         changes["idempotency_key"] = key
     try:
-        return task.using(**changes) if changes else task
+        task = task.using(**changes) if changes else task
     except InvalidTask as exc:
         raise field_problem(None, str(exc)) from None
+    for name in ("tags", "meta"):
+        if (value := getattr(body, name)) is not None:
+            try:
+                task = task.using(**{name: value})
+            except InvalidTask as exc:
+                raise field_problem(name, str(exc)) from None
+    return task
 
 
 def _created_job(task: Task, result: Any, key: str | None) -> dict[str, Any]:
@@ -194,6 +213,8 @@ def _created_job(task: Task, result: Any, key: str | None) -> dict[str, Any]:
         "idempotency_key": key,
         "return_value": None,
         "errors": [],
+        "tags": list(result.tags),
+        "meta": result.meta,
     }
 
 
@@ -258,6 +279,30 @@ def get_job(request: HttpRequest, job_id: str) -> dict[str, Any]:
 
 
 @router.get(
+    "/jobs/{job_id}/logs",
+    tags=["jobs"],
+    response={200: list[AttemptLogOut], **ERRORS},
+    auth=credentials("read", "conveyor.view_job"),
+    summary="Get a job's attempt logs",
+    url_name="get_job_logs",
+)
+def get_job_logs(request: HttpRequest, job_id: str) -> list[dict[str, Any]]:
+    """The log records each attempt's handler emitted, oldest attempt first."""
+    database, job = _job(job_id)
+    return [
+        {
+            "attempt": log.attempt,
+            "token": log.lease_version,
+            "worker": log.worker,
+            "written_at": log.written_at,
+            "records": log.records,
+            "dropped": log.dropped,
+        }
+        for log in JobLog.objects.using(database).filter(job_id=job.pk).order_by("lease_version")
+    ]
+
+
+@router.get(
     "/jobs",
     tags=["jobs"],
     response={200: JobPage, **ERRORS},
@@ -270,6 +315,15 @@ def list_jobs(
     state: StateName | None = Query(None, description="Only jobs in this state."),
     queue: str | None = Query(None, max_length=64, description="Only jobs of this queue."),
     task: str | None = Query(None, max_length=255, description="Only jobs of this task path."),
+    q: str | None = Query(
+        None,
+        max_length=2000,
+        description="A search, as in the admin: `tag:tenant:42 meta.request_id:ab12 "
+        "args.0:SKU-1 kwargs.customer_id:42 key:order-7`, or a bare id, key or task path "
+        "part; all terms must match (docs/observability.md#search). With `args.`/`kwargs.` "
+        "terms a page looks at a bounded window of the newest jobs (SEARCH_SCAN_ROWS): it "
+        "may hold fewer than `limit` jobs and still have a `next_cursor`.",
+    ),
     cursor: str | None = Query(None, description="`next_cursor` of the previous page."),
     limit: int = Query(DEFAULT_PAGE_SIZE, ge=1, le=MAX_PAGE_SIZE),
 ) -> dict[str, Any]:
@@ -281,11 +335,18 @@ def list_jobs(
         before = listing.decode_cursor(cursor)
     except listing.BadCursor:
         raise field_problem("cursor", "The cursor is not one this API returned.", "query") from None
+    try:
+        found = search.parse(q or "")
+    except search.InvalidSearch as exc:
+        raise field_problem("q", str(exc), "query") from None
     settings = conveyor_settings()
     database = settings.database_for(queue) if queue else settings.DATABASE
+    where = found.where(known_task_paths(), named=True) if found else None
+    window = settings.SEARCH_SCAN_ROWS if found.windowed(database, task) else None
     jobs, next_before = listing.page(
-        database, state=state, queue=queue, task=task, before=before, limit=limit
-    )
+        database, state=state, queue=queue, task=task, before=before, limit=limit,
+        where=where, window=window,
+    )  # fmt: skip
     return {
         "items": [job_summary(job, database) for job in jobs],
         "next_cursor": listing.encode_cursor(next_before) if next_before else None,

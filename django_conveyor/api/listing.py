@@ -93,10 +93,17 @@ def query(
     task: str | None,
     before: int,
     limit: int,
+    where: tuple[str, dict[str, Any]] | None = None,
 ) -> tuple[str, dict[str, Any]]:
-    """The SQL of one page of at most `limit` jobs, and its parameters."""
+    """The SQL of one page of at most `limit` jobs, and its parameters.
+
+    `where`: one more predicate (a search's, with named parameters), inside each read.
+    """
     params: dict[str, Any] = {"task": task, "before": before, "limit": limit}
     task_filter = TASK_FILTER if task else ""
+    if where is not None:
+        task_filter += f" AND ({where[0]})"
+        params.update(where[1])
     if not (state or queue):
         return PAGE.format(task=task_filter, columns=_columns()), params
     pairs = _pairs(database, state, queue)
@@ -114,13 +121,32 @@ def query(
     return sql, params
 
 
-def page(database: str, *, limit: int, **filters: Any) -> tuple[list[Job], int | None]:
+def page(
+    database: str, *, limit: int, window: int | None = None, **filters: Any
+) -> tuple[list[Job], int | None]:
     """One page (newest first) and the cursor id of the next, or None on the last.
 
-    `filters` are those of `query()`: state, queue, task and before.
+    `filters` are those of `query()`: state, queue, task, before and where.
+    `window`: look at no more than this many of the newest jobs the other
+    filters select; if the page is not full by then, the cursor points below
+    them, so the next page goes on with the next window.
     """
+    floor = None
+    if window is not None:
+        plain = {k: v for k, v in filters.items() if k != "where"}
+        sql, params = query(database, limit=window, **plain)
+        with connections[database].cursor() as cursor:
+            cursor.execute(f"SELECT min(w.id), count(*) FROM ({sql}) AS w", params)
+            lowest, seen = cursor.fetchone()
+        if seen == window:
+            floor = lowest
+            sql, params = filters["where"]
+            filters["where"] = (
+                f"id >= %(window_floor)s AND {sql}",
+                {**params, "window_floor": floor},
+            )
     sql, params = query(database, limit=limit + 1, **filters)
     jobs = list(Job.objects.using(database).raw(sql, params))
     if len(jobs) > limit:
         return jobs[:limit], jobs[limit - 1].id
-    return jobs, None
+    return jobs, floor

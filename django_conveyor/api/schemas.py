@@ -39,6 +39,14 @@ class EnqueueIn(Schema):
     run_after: AwareDatetime | None = Field(
         None, description="Run no earlier than this (ISO 8601 with a time zone)."
     )
+    tags: list[Any] | None = Field(
+        None,
+        description="Labels to find the job by (`tag:` in `q`), added to the task's own: "
+        "strings of 1 to 64 characters, at most 32 in all.",
+    )
+    meta: dict[str, Any] | None = Field(
+        None, description="Metadata (a JSON object of at most 4,096 bytes; `meta.<key>:` in `q`)."
+    )
 
 
 class JobError(Schema):
@@ -49,6 +57,16 @@ class JobError(Schema):
     exception_class_path: str = ""
     traceback: str = ""
     time: str | None = None
+
+
+class ProgressOut(Schema):
+    """What the handler reported; written by the worker's heartbeat (docs/observability.md)."""
+
+    current: float
+    total: float | None = Field(None, description="Null when the handler did not say.")
+    message: str | None = None
+    attempt: int | None = Field(None, description="The attempt that reported it.")
+    updated_at: datetime | None = Field(None, description="Database time of the write.")
 
 
 class JobSummary(Schema):
@@ -63,6 +81,7 @@ class JobSummary(Schema):
     enqueued_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
+    tags: list[str] = Field(default_factory=list, description="The job's tags (task's first).")
 
 
 class JobOut(JobSummary):
@@ -85,6 +104,12 @@ class JobOut(JobSummary):
     gate_deadline: datetime | None = Field(
         None, description="For a gate that waits: when its timeout or timer fires."
     )
+    progress: ProgressOut | None = Field(
+        None, description="What a running handler last reported (context.set_progress)."
+    )
+    meta: dict[str, Any] = Field(
+        default_factory=dict, description="The job's metadata (with `traceparent` if traced)."
+    )
 
 
 class SignalIn(Schema):
@@ -100,6 +125,24 @@ class SignalIn(Schema):
         False, strict=True, description="True: end the wait failed (a rejected approval)."
     )
     reason: str = Field("", max_length=1000, description="Why, for a rejection.")
+
+
+class LogRecordOut(Schema):
+    time: str = Field(description="When the record was emitted (ISO 8601, UTC).")
+    level: str
+    logger: str
+    message: str = Field(description="The formatted message, with its traceback if any.")
+
+
+class AttemptLogOut(Schema):
+    """The log records one attempt's handler emitted (docs/observability.md)."""
+
+    attempt: int
+    token: int = Field(description="The attempt's fencing token (lease version).")
+    worker: str
+    written_at: datetime = Field(description="When its outcome was written.")
+    records: list[LogRecordOut]
+    dropped: int = Field(description="Records past the 64 KiB bound: counted, not kept.")
 
 
 class JobPage(Schema):

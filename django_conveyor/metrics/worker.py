@@ -75,6 +75,13 @@ class WorkerMetrics(Instrument):
             ("queue", "task"),
             registry=registry,
         )
+        self.progress = Counter(
+            "conveyor_progress_updates",
+            "Progress reports (context.set_progress) a heartbeat wrote; at most one per job "
+            "per heartbeat interval.",
+            ("queue", "task"),
+            registry=registry,
+        )
         self.in_flight = Gauge(
             "conveyor_worker_jobs_in_flight",
             "Handlers running in this worker process.",
@@ -100,6 +107,9 @@ class WorkerMetrics(Instrument):
 
     def lease_lost(self, lease: Lease, reason: str) -> None:
         self.leases_lost.labels(lease.queue, lease.task_path).inc()
+
+    def progress_written(self, lease: Lease) -> None:
+        self.progress.labels(lease.queue, lease.task_path).inc()
 
     def leases_counted(self, *, held: int, in_flight: int) -> None:
         self.held.set(held)

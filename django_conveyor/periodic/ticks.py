@@ -232,6 +232,7 @@ def tick_job(row: Any) -> protocol.NewJob:
         backend=task.backend if task else "default",
         priority=row.priority,
         max_attempts=(getattr(task, "max_attempts", None) or conveyor_settings().MAX_ATTEMPTS),
+        tags=getattr(task, "tags", None) or None,
     )
 
 

@@ -32,6 +32,7 @@ from .backoff import capped_delay
 from .instrument import log_job
 
 if TYPE_CHECKING:
+    from ..observability.joblogs import AttemptLog
     from ..results import ConveyorTaskResult
 
 COMPLETE = "complete"
@@ -70,6 +71,12 @@ class Attempt:
     # Atomic blocks open around the handler on its connection: a test's, when
     # django_conveyor.testing runs it; 0 in a worker. context.atomic() nests in them.
     outer_atomic_blocks: int = 0
+    # The latest context.set_progress() value (set by the handler's thread),
+    # and the one the last heartbeat wrote: a beat writes only a new one.
+    progress: dict[str, Any] | None = None
+    progress_written: dict[str, Any] | None = None
+    # The log records its handler emitted (observability.joblogs), when captured.
+    log: AttemptLog | None = None
 
     def mark_lost(self, reason: str) -> None:
         """Tell the handler (context.lease_held()) that its outcome will not count."""

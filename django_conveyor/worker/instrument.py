@@ -52,6 +52,9 @@ class Instrument:
     def lease_lost(self, lease: Lease, reason: str) -> None:
         """A heartbeat found that another party holds the job now."""
 
+    def progress_written(self, lease: Lease) -> None:
+        """A heartbeat wrote the progress this attempt's handler reported."""
+
     def leases_counted(self, *, held: int, in_flight: int) -> None:
         """Once per pass: leases held (buffered or running), handlers running."""
 

@@ -27,6 +27,8 @@ import time
 
 import psycopg
 
+from ..conf import conveyor_settings
+from ..observability import joblogs
 from . import outcomes
 from .attempts import RELEASE, Attempt, Outcome
 from .backoff import WORKER_RECONNECT_SECONDS, Ladder
@@ -126,6 +128,7 @@ class Worker:
             config.lease_seconds,
             "listen+poll" if config.listen else "poll-only",
         )
+        joblogs.install(conveyor_settings().JOB_LOG_LEVEL)
         self.slots.start()
         self.reporter.start()
         if config.listen:
@@ -144,6 +147,7 @@ class Worker:
             self.slots.stop()
             self.reporter.stop()
             self.connection.drop()
+            joblogs.uninstall()
         logger.info(
             "worker %s stopped: %s", self.worker_id, dict(sorted(self.counters.counts.items()))
         )

@@ -34,6 +34,7 @@ from django.db import DatabaseError as DjangoDatabaseError
 
 from .. import protocol
 from ..exceptions import OutcomeRefused
+from ..observability import joblogs
 from ..protocol import Cursor
 from ..serialization import storable_text
 from .attempts import (
@@ -136,7 +137,22 @@ def write(cur: Cursor, owner: str, batches: dict[str, list[Outcome]]) -> dict[in
     written: dict[int, str] = {}
     for kind, batch in batches.items():
         written.update(WRITERS[kind](cur, owner, batch))
+    write_logs(cur, owner, (o for batch in batches.values() for o in batch), written)
     return written
+
+
+def write_logs(
+    cur: Cursor, owner: str, outcomes: Iterable[Outcome], written: dict[int, str]
+) -> None:
+    """The attempts' log records, for the outcomes the fence accepted (ATTEMPT_LOG)."""
+    logs = [
+        log
+        for o in outcomes
+        if o.attempt.log is not None
+        and o.lease.id in written
+        and (log := joblogs.row(o.attempt)) is not None
+    ]
+    protocol.attempt_log(cur, owner=owner, logs=logs)
 
 
 # PostgreSQL refusing a value: a data exception (SQLSTATE class 22: bad text,
@@ -205,6 +221,13 @@ def write_each(
             log_job(logger, logging.ERROR, outcome.lease,
                     "its failure was refused too (%s): the lease is left to expire",
                     _first_line(exc))  # fmt: skip
+    try:
+        with savepoint():
+            write_logs(cur, owner, pending, written)
+    except Exception as exc:  # The outcomes stand without their logs.
+        if not refused_value(exc):
+            raise
+        logger.error("attempt logs refused: %s", _first_line(exc))
     return result
 
 

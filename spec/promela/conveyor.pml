@@ -695,21 +695,37 @@ inline crash_worker(w) {
 /* HEARTBEAT: UPDATE ... SET lease_expires_at = now()+lease WHERE id, state,
  * lease_owner, lease_version (SKIP P_LOCKED: the slot's own locked row is
  * neither renewed nor lost), reporting cancel requests.  Zero rows: lost.
- * A renewal that changes nothing is a stuttering step and is left out.    */
-#define HEARTBEAT(w, k) \
-  :: atomic { !frozen[w] && v_job[k] != NOJOB && \
-              (v_phase[k] == P_CLAIMED || v_phase[k] == P_RUN || v_phase[k] == P_ABORTED) && \
-              (!GUARD_HEARTBEAT(k, v_job[k]) || \
+ * A renewal that changes nothing is a stuttering step and is left out.
+ * RENEWAL is the statement with its own guard (GUARD, a macro's name) and
+ * the slot phases that send it (PHASE_OK); HEARTBEAT_PROGRESS shares it.  */
+#define RENEWAL(w, k, GUARD, PHASE_OK) \
+  :: atomic { !frozen[w] && v_job[k] != NOJOB && PHASE_OK && \
+              (!GUARD(k, v_job[k]) || \
                ((expired[v_job[k]] || live[v_job[k]] != v_gid[k]) && MAY_RENEW) || \
                (cancel_req[v_job[k]] && !v_told[k])) -> \
        j = v_job[k]; \
        if \
-       :: GUARD_HEARTBEAT(k, j) -> \
+       :: GUARD(k, j) -> \
             landed(k, j); \
             if :: expired[j] || live[j] != v_gid[k] -> COUNT_RENEWAL :: else -> skip fi; \
             expired[j] = false; live[j] = v_gid[k]; v_told[k] = cancel_req[j] \
        :: else -> forget(k) \
        fi; j = 0 }
+#define HEARTBEAT(w, k) RENEWAL(w, k, GUARD_HEARTBEAT, \
+  (v_phase[k] == P_CLAIMED || v_phase[k] == P_RUN || v_phase[k] == P_ABORTED))
+
+/* ---------------- progress (issue 24) ---------------------------------- */
+
+/* HEARTBEAT_PROGRESS: HEARTBEAT that also writes the progress the slot's
+ * running handler reported since the last beat (context.set_progress), in
+ * the same statement and under the same fence; the worker sends it instead
+ * of HEARTBEAT when a handler reported progress.  Only a running handler
+ * reports (P_RUN, or P_ABORTED: its guarded transaction was ended and it
+ * goes on).  The progress column is not modelled: its write lands exactly
+ * when the renewal does, and fenced_writes judges it (landed).            */
+#define GUARD_HEARTBEAT_PROGRESS(k, j) FENCE(k, j)
+#define HEARTBEAT_PROGRESS(w, k) RENEWAL(w, k, GUARD_HEARTBEAT_PROGRESS, \
+  (v_phase[k] == P_RUN || v_phase[k] == P_ABORTED))
 
 /* LOCK_FOR_EFFECT: SELECT ... FOR UPDATE WHERE id, state, owner, version,
  * no cancel request; the lock is held until the transaction ends.  Zero
@@ -941,7 +957,7 @@ inline checkpoint(w, k) {
 
 #define SLOT(w, k) HEARTBEAT(w, k) LOCK_FOR_EFFECT(w, k) EFFECT(w, k) COMPLETE(w, k) \
   RECORD_RESULT(w, k) RETRY(w, k) FAIL(w, k) SNOOZE(w, k) RELEASE(w, k) CANCEL_HELD(w, k) START(w, k) \
-  CHECKPOINT(w, k)
+  CHECKPOINT(w, k) HEARTBEAT_PROGRESS(w, k)
 
 proctype Worker0() {
   byte j = 0; byte k = 0; byte x = 0; byte d = 0; byte n = 0; byte c = 0; byte nf = 0; byte s = 0; byte q = 0;

@@ -8,6 +8,7 @@
 (*   ENQUEUE  CLAIM  CLAIM_ISOLATED  HEARTBEAT  LOCK_FOR_EFFECT  COMPLETE  *)
 (*   RECORD_RESULT  RETRY  FAIL  SNOOZE  RELEASE  REAP  REQUEUE  CANCEL    *)
 (*   PRUNE  REQUEST_CANCEL  CANCEL_HELD  CRON_ENQUEUE                      *)
+(*   HEARTBEAT_PROGRESS (issue 24): HEARTBEAT with handlers' progress      *)
 (*   UNBLOCK, CANCEL_DEPENDENTS, REBLOCK_DEPENDENTS: the statements that   *)
 (*   run in the same transaction as COMPLETE, as the writes that make a    *)
 (*   job failed/dead/cancelled, and as REQUEUE (operators below).          *)
@@ -471,23 +472,48 @@ CLAIM_ISOLATED(w, j) ==
 \* A row locked by the worker's own guarded transaction is skipped: neither
 \* renewed nor lost.  Zero rows otherwise: the lease is lost; the handler is
 \* told and no outcome is written.  A renewal that changes nothing is a
-\* stuttering step and is left out.
-HEARTBEAT(w, a) ==
+\* stuttering step and is left out.  `guard` is the statement's WHERE clause
+\* (HEARTBEAT and HEARTBEAT_PROGRESS each have their own), `act` its name.
+Renewal(w, a, guard, act) ==
     /\ ~frozen[w]
     /\ a \in held[w]
     /\ a.phase \in {"claimed", "run", "aborted"}
     /\ LET j == a.job IN
-       IF GuardHEARTBEAT(w, a)
+       IF guard
        THEN /\ expired[j] \/ liveGid[j] # a.gid \/ (cancelReq[j] /\ ~a.told)
             /\ expired' = [expired EXCEPT ![j] = FALSE]
             /\ liveGid' = [liveGid EXCEPT ![j] = a.gid]
             /\ Replace(w, a, [a EXCEPT !.told = cancelReq[j]])
-            /\ alarms'  = alarms \cup Landed(a, "HEARTBEAT")
+            /\ alarms'  = alarms \cup Landed(a, act)
        ELSE /\ Forget(w, a)
             /\ UNCHANGED <<expired, liveGid, alarms>>
     /\ UNCHANGED <<jstate, attempt, owner, version, lockedBy, isolated, cancelReq,
                    pending, cause, ledger, business, frozen, claims, holder,
                    completer, lostTo, left, cron>>
+
+HEARTBEAT(w, a) == Renewal(w, a, GuardHEARTBEAT(w, a), "HEARTBEAT")
+
+-----------------------------------------------------------------------------
+(* Progress (issue 24): the heartbeat that carries what handlers reported  *)
+
+\* HEARTBEAT with the progress each running handler reported since the last
+\* beat (context.set_progress), in the same statement:
+\*   UPDATE ... SET lease_expires_at = now()+lease,
+\*                  progress = COALESCE(h.progress || {attempt, time}, progress)
+\*   WHERE id, state='running', lease_owner=w, lease_version=tok
+\*   FOR UPDATE SKIP LOCKED
+\* The worker sends it instead of HEARTBEAT when a handler it runs reported
+\* progress, so a worker still sends one statement per beat.  Only a running
+\* handler reports (phase run, or aborted: PostgreSQL ended its guarded
+\* transaction and the handler goes on).  The progress column itself is not
+\* modelled: its write lands exactly when the renewal does, and FencedWrites
+\* judges that write by the ghost claim id, so a stale attempt's progress is
+\* refused like its outcome.
+GuardHEARTBEAT_PROGRESS(w, a) == Fence(w, a)
+
+HEARTBEAT_PROGRESS(w, a) ==
+    /\ a.phase \in {"run", "aborted"}
+    /\ Renewal(w, a, GuardHEARTBEAT_PROGRESS(w, a), "HEARTBEAT_PROGRESS")
 
 \* The first statement of context.atomic():
 \*   SELECT id FROM conveyor_job WHERE id, state='running', lease_owner,
@@ -1056,6 +1082,7 @@ WorkerStep(w) ==
     \/ \E a \in held[w] :
          \/ Progress(w, a) \/ HEARTBEAT(w, a) \/ SNOOZE(w, a) \/ RELEASE(w, a)
          \/ CANCEL_HELD(w, a) \/ TxnTimeout(w, a)
+         \/ HEARTBEAT_PROGRESS(w, a)
     \/ \E j \in Jobs : CLAIM(w, j) \/ CLAIM_ISOLATED(w, j)
     \/ SchedulerRead(w) \/ CRON_ENQUEUE(w)
     \/ Crash(w) \/ Freeze(w) \/ Thaw(w)

@@ -122,7 +122,10 @@ def build(finished: int, ready: int, rebuild: bool) -> None:
             return
         print(f"building the data set ({label}) ...", flush=True)
         started = time.monotonic()
-        cur.execute("TRUNCATE conveyor_job, conveyor_ledger, conveyor_dependency, conveyor_worker")
+        cur.execute(
+            "TRUNCATE conveyor_job, conveyor_job_log, conveyor_ledger, conveyor_dependency,"
+            " conveyor_worker"
+        )
         tasks, common = known_task_paths(), {"queues": QUEUES}
         for state, share in FINISHED_SHARES:
             attempt = 3 if state == "dead" else 1

@@ -10,7 +10,15 @@ autovacuum would, then times:
 
 - a full `/conveyor/metrics` scrape through Django (the median of several);
 - each shape of `GET /conveyor/api/jobs` page (with EXPLAIN ANALYZE, so the
-  plan shows which index serves it).
+  plan shows which index serves it);
+- each shape of search (`q`, docs/observability.md#search) through the API's
+  own page function, as wall time (a windowed search is two statements),
+  with the indexes of the page's plan; the last shapes after an
+  AddSearchIndex on one task's `kwargs.customer_id`.
+
+One row in ten is tagged (`import`, `tenant:<i mod 1000>`), one in four has
+`meta.request_id`; every row has `args.0` = `SKU-<i mod 5000>` and
+`kwargs.customer_id` = `i mod 100000`.
 
 Writes `api-scale-<date>.json` to --out and prints a summary. The database
 is dropped afterwards unless --keep.
@@ -43,13 +51,17 @@ FINISHED_MIX = [("completed", 0.97), ("dead", 0.015), ("failed", 0.005), ("cance
 
 FILL = """
 INSERT INTO conveyor_job (task_path, args, kwargs, queue, backend, priority, state, attempt,
-    max_attempts, run_after, lease_version, errors, enqueued_at, started_at, finished_at)
-SELECT (%(tasks)s::text[])[1 + i %% %(ntasks)s], '[1, 2]', '{}',
+    max_attempts, run_after, lease_version, errors, enqueued_at, started_at, finished_at,
+    tags, meta)
+SELECT (%(tasks)s::text[])[1 + i %% %(ntasks)s], jsonb_build_array('SKU-' || (i %% 5000), 2),
+       jsonb_build_object('customer_id', i %% 100000),
        (%(queues)s::text[])[1 + (i / 7) %% %(nqueues)s], 'default', 0, %(state)s, 1, 3,
        now() - make_interval(secs => %(age)s + i * 0.01), 1, '[]',
        now() - make_interval(secs => %(age)s + i * 0.01),
        CASE WHEN %(finished)s THEN now() - make_interval(secs => %(age)s + i * 0.01) END,
-       CASE WHEN %(finished)s THEN now() - make_interval(secs => %(age)s + i * 0.01) END
+       CASE WHEN %(finished)s THEN now() - make_interval(secs => %(age)s + i * 0.01) END,
+       CASE WHEN i %% 10 = 0 THEN jsonb_build_array('tenant:' || (i %% 1000), 'import') END,
+       CASE WHEN i %% 4 = 0 THEN jsonb_build_object('request_id', md5(i::text)) END
 FROM generate_series(1, %(count)s) AS i
 """
 
@@ -169,6 +181,78 @@ def explain_pages() -> list[dict[str, object]]:
     return results
 
 
+SEARCHES = [
+    ("tag:import (10% of rows)", "tag:import", {}),
+    ("tag:tenant:40 (0.1%)", "tag:tenant:40", {}),
+    ("tag absent", "tag:nobody", {}),
+    ("tag:tenant:40, state=dead", "tag:tenant:40", {"state": "dead"}),
+    ("meta.request_id of one job", "meta.request_id:" + "a87ff679a2f3e71d9181a67b7542122c", {}),
+    ("meta absent", "meta.request_id:nothing", {}),
+    ("kwargs absent, no filter (windowed)", "kwargs.customer_id:-1", {}),
+    ("kwargs absent, state=completed (windowed)", "kwargs.customer_id:-1", {"state": "completed"}),
+    ("kwargs absent, state=available (windowed)", "kwargs.customer_id:-1", {"state": "available"}),
+    ("kwargs absent, queue=emails (windowed)", "kwargs.customer_id:-1", {"queue": "emails"}),
+    ("kwargs absent, task (windowed)", "kwargs.customer_id:-1", {"task": TASKS[0]}),
+    ("args.0:SKU-7, task (windowed)", "args.0:SKU-7", {"task": TASKS[0]}),
+]
+INDEXED = [
+    ("kwargs.customer_id:42, task, AddSearchIndex", "kwargs.customer_id:42", {"task": TASKS[0]}),
+    ("kwargs absent, task, AddSearchIndex", "kwargs.customer_id:-1", {"task": TASKS[0]}),
+]
+
+
+def time_searches() -> list[dict[str, object]]:
+    from django.db import connection
+
+    from django_conveyor.api import listing
+    from django_conveyor.conf import conveyor_settings
+    from django_conveyor.observability import search
+
+    def run(label: str, text: str, filters: dict[str, str]) -> dict[str, object]:
+        found = search.parse(text)
+        where = found.where(named=True)
+        window = (
+            conveyor_settings().SEARCH_SCAN_ROWS
+            if found.windowed("default", filters.get("task"))
+            else None
+        )
+        args = {"state": None, "queue": None, "task": None, **filters}
+        timings = []
+        for _ in range(3):  # the first run may read from disk
+            started = time.perf_counter()
+            jobs, cursor = listing.page("default", limit=50, before=listing.NO_CURSOR,
+                                        where=where, window=window, **args)  # fmt: skip
+            timings.append(round((time.perf_counter() - started) * 1000, 2))
+        sql, params = listing.query(
+            "default", limit=51, before=listing.NO_CURSOR, where=where, **args
+        )
+        with connection.cursor() as cur:
+            cur.execute("EXPLAIN (FORMAT JSON) " + sql, params)
+            plan = cur.fetchone()[0]
+        plan = json.loads(plan) if isinstance(plan, str) else plan
+        return {
+            "search": label,
+            "q": text,
+            "filters": filters,
+            "windowed": window is not None,
+            "found": len(jobs),
+            "more": cursor is not None,
+            "first_ms": timings[0],
+            "warm_ms": round(statistics.median(timings[1:]), 2),
+            "indexes": sorted(_indexes(plan[0]["Plan"])),
+        }
+
+    results = [run(*shape) for shape in SEARCHES]
+    create, _ = search.search_index_sql(TASKS[0], "kwargs.customer_id")
+    started = time.perf_counter()
+    with connection.cursor() as cur:
+        for sql in create:
+            cur.execute(sql)
+    index_seconds = round(time.perf_counter() - started, 1)
+    results += [{**run(*shape), "index_build_seconds": index_seconds} for shape in INDEXED]
+    return results
+
+
 def _indexes(node: dict) -> set[str]:
     found = {node["Index Name"]} if "Index Name" in node else set()
     for child in node.get("Plans", []):
@@ -193,6 +277,7 @@ def main() -> int:
             "fill_seconds": round(fill_seconds, 1),
             "scrape": time_scrapes(args.scrapes),
             "pages": explain_pages(),
+            "searches": time_searches(),
             "machine": f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f} at end",
         }
     finally:

@@ -1,7 +1,8 @@
 """`manage.py conveyor_jobs requeue|cancel`: the operator's actions from a shell.
 
-Selects jobs by id or by state, queue and task, then changes them through the
-same operations (and so the same protocol statements) as the admin.
+Selects jobs by id, by state, queue and task, or by a search (the admin's
+syntax, docs/observability.md#search), then changes them through the same
+operations (and so the same protocol statements) as the admin.
 """
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ from django_conveyor import operations
 from django_conveyor.conf import conveyor_settings
 from django_conveyor.management.arguments import storable
 from django_conveyor.models import Job
+from django_conveyor.observability import search
 from django_conveyor.states import CANCELLABLE_STATES, REQUEUEABLE_STATES
+from django_conveyor.tasks import known_task_paths
 
 ACTIONS = {
     "requeue": (operations.requeue, REQUEUEABLE_STATES),
@@ -29,6 +32,16 @@ def id_list(text: str) -> list[int]:
         raise CommandError(f"--ids takes comma-separated job ids, not {text!r}.") from None
 
 
+def search_terms(text: str) -> search.Search:
+    try:
+        found = search.parse(text)
+    except search.InvalidSearch as exc:
+        raise CommandError(f"--search: {exc}") from None
+    if not found:
+        raise CommandError("--search needs at least one term, not an empty string.")
+    return found
+
+
 class Command(BaseCommand):
     help = "Requeue failed, dead or cancelled jobs, or cancel jobs that have not started."
 
@@ -39,6 +52,12 @@ class Command(BaseCommand):
         parser.add_argument("--queue", type=storable, default=None, help="Only jobs of this queue.")
         parser.add_argument(
             "--task", type=storable, default=None, help="Only jobs of this task path."
+        )
+        parser.add_argument(
+            "--search",
+            type=search_terms,
+            default=None,
+            help="Only jobs this search finds (the admin's syntax: 'tag:tenant:42 meta.batch:7').",
         )
         parser.add_argument(
             "--database", default=None, help="Alias (default CONVEYOR['DATABASE'])."
@@ -56,8 +75,8 @@ class Command(BaseCommand):
                 f"Cannot {options['action']} jobs in state {options['state']!r}; "
                 f"choose one of: {names}."
             )
-        if not any(options[k] for k in ("ids", "state", "queue", "task")):
-            raise CommandError("Select jobs with --ids, --state, --queue or --task.")
+        if not any(options[k] for k in ("ids", "state", "queue", "task", "search")):
+            raise CommandError("Select jobs with --ids, --state, --queue, --task or --search.")
         jobs = Job.objects.using(database).filter(
             state__in=[options["state"]] if options["state"] else list(allowed)
         )
@@ -67,6 +86,11 @@ class Command(BaseCommand):
             jobs = jobs.filter(queue=options["queue"])
         if options["task"]:
             jobs = jobs.filter(task_path=options["task"])
+        if options["search"]:
+            # Unbounded, unlike the admin's window: an action must not skip
+            # older jobs it was asked for (--dry-run shows the count first).
+            sql, params = options["search"].where(known_task_paths())
+            jobs = jobs.extra(where=[sql], params=params)
         ids = list(jobs.values_list("id", flat=True))
         if options["dry_run"]:
             self.stdout.write(f"Would {options['action']} {len(ids)} job(s).")

@@ -19,6 +19,7 @@ from django.db import connections
 from ...compat import Task, log_task_started, task_started
 from ...context import JobContext
 from ...exceptions import ArgumentsNotSerializable, Discard, LeaseLost, Snooze
+from ...observability import joblogs, tracing
 from ...results import ConveyorTaskResult, enqueued_task, task_result
 from ...serialization import json_round_trip
 from ...signals import heard
@@ -53,6 +54,8 @@ def running_result(task: Task, attempt: Attempt) -> ConveyorTaskResult:
         started_at=lease.started_at,
         errors=lease.errors or (),
         lease_owner=lease.owner,
+        tags=lease.tags,
+        meta=lease.meta,
     )
 
 
@@ -66,6 +69,17 @@ def call(task: Task, attempt: Attempt, result: ConveyorTaskResult | None) -> Any
     if iscoroutinefunction(task.func):
         return async_to_sync(cancellable(task.func, attempt))(*args, **lease.kwargs)
     return task.call(*args, **lease.kwargs)
+
+
+def traced_call(task: Task, attempt: Attempt, result: ConveyorTaskResult | None) -> Any:
+    """`call` inside the attempt's span ([otel]); what the handler raised marks it failed."""
+    with tracing.attempt_span(attempt.lease) as span:
+        try:
+            return call(task, attempt, result)
+        except BaseException as exc:
+            if not isinstance(exc, Snooze):
+                tracing.failed(span, exc)
+            raise
 
 
 def cancellable(func: Callable[..., Any], attempt: Attempt) -> Callable[..., Any]:
@@ -135,7 +149,9 @@ def execute(attempt: Attempt) -> Outcome:
             task_started.send(type(task.get_backend()), task_result=result)
         elif task.takes_context:
             attempt.result = result = running_result(task, attempt)
-        value = call(task, attempt, result)
+        run = traced_call if tracing.enabled() else call
+        with joblogs.attempt_log(attempt):
+            value = run(task, attempt, result)
         value = json_round_trip(value, f"{task.name}() return value")
         kind = attempts.DONE_IN_ATOMIC if attempt.completed_in_atomic else attempts.COMPLETE
         outcome = Outcome(kind, attempt, return_value=value)

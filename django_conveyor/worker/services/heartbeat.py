@@ -17,7 +17,7 @@ become CANCEL_HELD outcomes through `Holdings.give_up`, counted in
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from ... import protocol
 from ...conf import DEFAULT_HEARTBEAT_SECONDS
@@ -34,6 +34,7 @@ class HeartbeatCounts(NamedTuple):
     renewed: int = 0  # Leases renewed by this pass.
     leases_lost: int = 0  # Leases the database says another party has now.
     cancels_honoured: int = 0  # Running jobs an operator asked to cancel, now CANCEL_HELD.
+    progress_written: int = 0  # Jobs whose handler's progress this pass wrote.
 
 
 def interval_for(lease_seconds: float, heartbeat_seconds: float) -> float:
@@ -60,9 +61,26 @@ class Heartbeat:
         held = self.holdings.renewable()
         if not held:
             return HeartbeatCounts()
-        renewed = protocol.heartbeat(
-            cursor, owner=self.holdings.owner, held=held, lease_seconds=self.lease_seconds
-        )
+        reports = self.progress_to_write(held)
+        if reports:
+            renewed = protocol.heartbeat_progress(
+                cursor,
+                owner=self.holdings.owner,
+                held=[(i, v, reports.get(i)) for i, v in held],
+                lease_seconds=self.lease_seconds,
+            )
+        else:
+            renewed = protocol.heartbeat(
+                cursor, owner=self.holdings.owner, held=held, lease_seconds=self.lease_seconds
+            )
+        written = 0
+        for job_id, report in reports.items():
+            attempt = self.holdings.held.get(job_id)
+            if attempt is not None and job_id in renewed:
+                attempt.progress_written = report  # Its row was renewed, so written.
+                written += 1
+                if self.holdings.instrument:
+                    self.holdings.instrument.progress_written(attempt.lease)
         lost = 0
         for job_id, version in held:
             current = self.holdings.held.get(job_id)
@@ -75,7 +93,22 @@ class Heartbeat:
             self.holdings.lose(current, "heartbeat found the lease gone")
             lost += 1
         cancelled = sum(self.honour_cancel(job_id) for job_id in renewed.cancel_requested)
-        return HeartbeatCounts(renewed=len(renewed), leases_lost=lost, cancels_honoured=cancelled)
+        return HeartbeatCounts(
+            renewed=len(renewed),
+            leases_lost=lost,
+            cancels_honoured=cancelled,
+            progress_written=written,
+        )
+
+    def progress_to_write(self, held: list[tuple[int, int]]) -> dict[int, dict[str, Any]]:
+        """Job id -> the progress its handler reported since the last write, if any."""
+        reports = {}
+        for job_id, _ in held:
+            attempt = self.holdings.held.get(job_id)
+            report = attempt.progress if attempt is not None else None
+            if report is not None and report is not attempt.progress_written:
+                reports[job_id] = report
+        return reports
 
     def honour_cancel(self, job_id: int) -> bool:
         """Stop the handler of a job an operator cancelled; CANCEL_HELD is written next cycle.

@@ -1,0 +1,136 @@
+"""Per-attempt logs: the records a handler emits, kept with its attempt.
+
+One `logging.Handler` on the root logger (`install`, by the worker) sends
+each record to the attempt whose handler runs in the record's context: a
+context variable holds that attempt's buffer while the executor calls the
+handler (`attempt_log`). asgiref's async_to_sync copies the context into an
+async handler's event loop, and asyncio copies it into the tasks the handler
+starts, so their records count too; a thread the handler starts with
+`threading.Thread` has a context of its own, and another slot's records go
+to that slot's attempt: no record reaches another job's log.
+
+The buffer is bounded (`MAX_LOG_BYTES` of message text, then records are
+counted, not kept); `seal()` freezes it when the outcome is decided, and the
+outcome's transaction writes it (`protocol.ATTEMPT_LOG`) only if the fence
+accepted the outcome. An attempt that logs nothing allocates nothing.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from typing import Any
+
+from ..serialization import storable_text
+
+MAX_LOG_BYTES = 64 * 1024  # Of message text per attempt; the rest is counted.
+MAX_RECORD_CHARS = 8 * 1024  # One record's message (with its traceback).
+
+_current: contextvars.ContextVar[AttemptLog | None] = contextvars.ContextVar(
+    "conveyor_attempt_log", default=None
+)
+
+
+class AttemptLog:
+    """The records of one attempt, appended from any thread of its context."""
+
+    __slots__ = ("_lock", "dropped", "records", "sealed", "size")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.records: list[dict[str, Any]] = []
+        self.size = 0  # Characters of message text kept.
+        self.dropped = 0  # Records past the bound, or after the seal.
+        self.sealed = False
+
+    def add(self, record: dict[str, Any]) -> None:
+        with self._lock:
+            if self.sealed or self.size + len(record["message"]) > MAX_LOG_BYTES:
+                self.dropped += 1
+                return
+            self.size += len(record["message"])
+            self.records.append(record)
+
+    def seal(self) -> AttemptLog:
+        """No more records: the outcome that carries this log has been decided."""
+        with self._lock:
+            self.sealed = True
+        return self
+
+
+class Capture(logging.Handler):
+    """The root logger's handler: each record to the attempt of its context, if any."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        log = _current.get()
+        if log is None:
+            return
+        try:
+            message = self.format(record)
+        except Exception:  # A record whose arguments do not format: never the handler's fault.
+            message = f"{record.msg!r} (its arguments did not format)"
+        log.add(
+            {
+                "time": datetime.fromtimestamp(record.created, UTC).isoformat(),
+                "level": record.levelname,
+                "logger": record.name,
+                "message": storable_text(message[:MAX_RECORD_CHARS]),
+            }
+        )
+
+
+_installed: Capture | None = None
+
+
+def install(level: int | None) -> None:
+    """Capture records at `level` and above for the attempts of this process; None: off."""
+    global _installed
+    uninstall()
+    if level is None:
+        return
+    _installed = Capture(level)
+    _installed.setFormatter(logging.Formatter("%(message)s"))
+    logging.getLogger().addHandler(_installed)
+
+
+def uninstall() -> None:
+    """Stop capturing (the worker stopped)."""
+    global _installed
+    if _installed is not None:
+        logging.getLogger().removeHandler(_installed)
+        _installed = None
+
+
+@contextmanager
+def attempt_log(held: Any) -> Iterator[None]:
+    """Records emitted in this context belong to `held`'s attempt while the block runs."""
+    if _installed is None:
+        yield
+        return
+    log = held.log = AttemptLog()
+    token = _current.set(log)
+    try:
+        yield
+    finally:
+        _current.reset(token)
+
+
+def row(held: Any) -> dict[str, Any] | None:
+    """The sealed log of an attempt, as ATTEMPT_LOG writes it; None when it kept nothing."""
+    log = held.log
+    if log is None:
+        return None
+    log.seal()
+    if not log.records and not log.dropped:
+        return None
+    lease = held.lease
+    return {
+        "id": lease.id,
+        "version": lease.version,
+        "records": log.records,
+        "dropped": log.dropped,
+    }
