@@ -1,9 +1,9 @@
 """django-conveyor: a durable job queue for Django on PostgreSQL alone.
 
-Each behaviour is a module named after it: the protocol's SQL in protocol.py,
-the worker's control loop in worker.py and its services beside it
-(heartbeat.py, reaper.py, timeouts.py), signals and shutdown in shutdown.py,
-every growing delay in backoff.py, the settings in conf.py. docs/architecture.md
+The folders are the roles: the protocol's SQL in protocol.py, the worker
+runtime in worker/ (its control loop in worker/loop.py, its services in
+worker/services/), periodic jobs in periodic/, the admin, the HTTP API and
+the metrics in admin/, api/ and metrics/, the settings in conf.py. docs/architecture.md
 maps them all and follows a job through them.
 """
 

@@ -16,5 +16,5 @@ class ConveyorConfig(AppConfig):
         checks.register(conveyor_checks.check_database)
         checks.register(conveyor_checks.check_cron)
         if apps.is_installed("django.contrib.admin"):
-            from . import cron_admin  # noqa: F401  (registers the schedules' admin)
+            from .admin import schedules  # noqa: F401  (registers the schedules' admin)
         checks.register(check_api_settings)

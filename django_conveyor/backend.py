@@ -17,6 +17,7 @@ from django.db import connections
 from django.utils import timezone
 
 from . import protocol
+from .bounds import MAX_INT, MAX_SECONDS, count_breach, is_count, is_number, seconds_breach
 from .compat import (
     TASK_MAX_PRIORITY,
     TASK_MIN_PRIORITY,
@@ -26,7 +27,7 @@ from .compat import (
     log_task_enqueued,
     task_enqueued,
 )
-from .conf import MAX_INT, MAX_SECONDS, conveyor_settings
+from .conf import conveyor_settings
 from .exceptions import DependencyInOtherDatabase
 from .results import ConveyorTaskResult, parse_result_id, result_from_job, result_id, task_result
 from .serialization import json_round_trip, text_problem
@@ -37,7 +38,7 @@ MAX_IDEMPOTENCY_KEY_LENGTH = 255
 
 
 def _check_run_after(run_after: Any) -> None:
-    """A datetime no later than ten years from now (conf.MAX_SECONDS), or None."""
+    """A datetime no later than ten years from now (bounds.MAX_SECONDS), or None."""
     if run_after is None:
         return
     if not isinstance(run_after, datetime):
@@ -86,21 +87,13 @@ class ConveyorBackend(BaseTaskBackend):
             raise InvalidTask(f"queue_name {task.queue_name!r:.80} {problem}.")
         super().validate_task(task)
         max_attempts = getattr(task, "max_attempts", None)
-        if max_attempts is not None and (
-            isinstance(max_attempts, bool)
-            or not isinstance(max_attempts, int)
-            or not 1 <= max_attempts <= MAX_INT
-        ):
+        if max_attempts is not None and (not is_count(max_attempts) or count_breach(max_attempts)):
             raise InvalidTask(
                 f"max_attempts must be a whole number from 1 to {MAX_INT}, not {max_attempts!r}."
             )
         for name in ("timeout", "backoff_base", "backoff_cap"):
             value = getattr(task, name, None)
-            if value is not None and (
-                isinstance(value, bool)
-                or not isinstance(value, int | float)
-                or not 0 < value <= MAX_SECONDS  # NaN and infinity fail this too.
-            ):
+            if value is not None and (not is_number(value) or seconds_breach(value)):
                 raise InvalidTask(
                     f"{name} must be a positive number of seconds, at most {MAX_SECONDS:.0f} "
                     f"(ten years), not {value!r}."
@@ -122,10 +115,15 @@ class ConveyorBackend(BaseTaskBackend):
         if key is not None and (problem := text_problem(key)):
             raise InvalidTask(f"idempotency_key {key!r:.80} {problem}.")
 
-    def _new_job(
+    def new_job(
         self, task: Any, args: Sequence[Any], kwargs: dict[str, Any], after: Sequence[int] = ()
     ) -> protocol.NewJob:
-        """The row for one call; `after` adds job ids (in the same database) to wait for."""
+        """The row one call writes, its arguments checked; `after` adds job ids to wait for.
+
+        The shared enqueue path is `new_job()` then `enqueue_jobs()`: `enqueue()`
+        takes it, and so does a workflow (workflows.py), which adds its edges
+        between the two. Call `validate_task()` first.
+        """
         return protocol.NewJob(
             task_path=task.module_path,
             args=json_round_trip(list(args), f"{task.name}() args"),
@@ -157,7 +155,7 @@ class ConveyorBackend(BaseTaskBackend):
 
     def enqueue(self, task: Any, args: Sequence[Any], kwargs: dict[str, Any]) -> ConveyorTaskResult:
         self.validate_task(task)
-        return self._insert([task], [self._new_job(task, args, kwargs)])[0]
+        return self.enqueue_jobs([task], [self.new_job(task, args, kwargs)])[0]
 
     def enqueue_many(
         self, task: Any, calls: Iterable[tuple[Sequence[Any], dict[str, Any]]]
@@ -169,13 +167,18 @@ class ConveyorBackend(BaseTaskBackend):
                 "enqueue_many() cannot share one idempotency_key across calls; "
                 "enqueue keyed jobs one at a time."
             )
-        jobs = [self._new_job(task, args, kwargs) for args, kwargs in calls]
-        return self._insert([task] * len(jobs), jobs) if jobs else []
+        jobs = [self.new_job(task, args, kwargs) for args, kwargs in calls]
+        return self.enqueue_jobs([task] * len(jobs), jobs) if jobs else []
 
-    def _insert(
+    def enqueue_jobs(
         self, tasks: Sequence[Any], jobs: list[protocol.NewJob]
     ) -> list[ConveyorTaskResult]:
-        """Insert jobs (all in the database of the first task's queue) in one ENQUEUE."""
+        """Insert jobs (all in the database of the first task's queue) in one ENQUEUE.
+
+        On the caller's connection, so they commit with its transaction; each
+        result is sent with `task_enqueued` (or `task_enqueue_replayed` when an
+        idempotency key named an existing job).
+        """
         database = conveyor_settings().database_for(tasks[0].queue_name)
         with connections[database].cursor() as cursor:
             enqueued = protocol.enqueue(cursor, jobs, notify=conveyor_settings().NOTIFY)

@@ -13,7 +13,7 @@ from django.conf import settings
 from django.core import checks
 
 from .conf import problems, raw_settings, written
-from .schedules import check_cron
+from .periodic.schedules import check_cron
 
 __all__ = ["check_cron", "check_database", "check_settings"]
 

@@ -20,6 +20,7 @@ from django.conf import settings as django_settings
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
+from .bounds import MAX_INT, MAX_SECONDS, Breach, breach
 from .exceptions import ConveyorConfigurationError
 
 T = TypeVar("T")
@@ -35,13 +36,6 @@ DEFAULT_BACKOFF_BASE_SECONDS = 1.0
 DEFAULT_BACKOFF_CAP_SECONDS = 600.0
 DEFAULT_RETENTION_SECONDS = 7 * 24 * 3600.0
 DEFAULT_API_MAX_BODY_BYTES = 64 * 1024
-
-# The longest duration or delay django-conveyor takes anywhere (settings,
-# flags, task options, snoozes, retry backoff, run_after): ten years. A
-# PostgreSQL interval, `now()` plus it, a Python datetime and a Python timer
-# all hold it; anything longer is a mistake (milliseconds passed as seconds).
-MAX_SECONDS = 10 * 365 * 24 * 3600.0
-MAX_INT = 2**31 - 1  # The largest PostgreSQL `integer` (attempts, priorities, limits).
 
 SECONDS = (int, float)  # Durations: float seconds, ints accepted (never bool).
 NONE = type(None)
@@ -118,18 +112,17 @@ class Setting(Generic[T]):
             )
         if value is None or (self.minimum is None and self.maximum is None):
             return None
-        if value != value:  # NaN, which compares false with everything.
+        broken = breach(value, minimum=self.minimum, exclusive=self.exclusive, maximum=self.maximum)
+        if broken is None:
+            return None
+        if broken is Breach.NOT_A_NUMBER:
             bound = "a number"
-        elif self.minimum is not None and self.exclusive and not value > self.minimum:
-            bound = f"more than {self.minimum:g}"
-        elif self.minimum is not None and not self.exclusive and not value >= self.minimum:
-            bound = f"{self.minimum:g} or more"
-        elif self.maximum is not None and not value <= self.maximum:
+        elif broken is Breach.BELOW:
+            bound = f"more than {self.minimum:g}" if self.exclusive else f"{self.minimum:g} or more"
+        else:
             bound = f"at most {self.maximum:.0f}" + (
                 " seconds (ten years)" if self.maximum == MAX_SECONDS else ""
             )
-        else:
-            return None
         return Problem(self.bound_id, f"{self.key} must be {bound}, not {value!r}.", self.hint)
 
     def raw(self, values: Mapping[str, Any]) -> Any:

@@ -21,12 +21,12 @@ from .exceptions import LeaseLost
 from .results import ConveyorTaskResult, result_from_job
 
 if TYPE_CHECKING:
-    from .leases import HeldLease
+    from .worker.attempts import Attempt
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class JobContext(TaskContext):
-    held: HeldLease = field(repr=False)  # The worker's lease, shared with its control loop.
+    held: Attempt = field(repr=False)  # The attempt the worker holds, shared with its control loop.
     _loaded: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property

@@ -52,7 +52,7 @@ from urllib.parse import quote
 
 from django.core.exceptions import ImproperlyConfigured
 
-logger = logging.getLogger("django_conveyor.embedded")
+logger = logging.getLogger(__name__)
 
 SUPERUSER = "postgres"  # the role initdb creates; local connections are trusted
 DATABASE = "postgres"

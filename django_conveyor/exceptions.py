@@ -22,7 +22,7 @@ class Snooze(ConveyorError):
 
     The delay must be a finite number of seconds, zero or more: the worker
     fails a job that asks for another (NaN, infinity, a negative delay), and
-    caps one longer than ten years (`conf.MAX_SECONDS`), saying so.
+    caps one longer than ten years (`bounds.MAX_SECONDS`), saying so.
     """
 
     def __init__(self, seconds: float = 60.0, reason: str = "") -> None:

@@ -135,7 +135,7 @@ class Job(models.Model):
                 condition=Q(state__in=["failed", "dead"]),
             ),
             # Counts per (state, queue) for the console, /queues and the
-            # metrics (django_conveyor.stats), the API's keyset pages (one
+            # metrics (django_conveyor.queue_counts), the API's keyset pages (one
             # range per (state, queue), in id order) and the console's state
             # filter.
             models.Index(fields=["state", "queue", "id"], name="conveyor_job_list_idx"),
@@ -300,7 +300,7 @@ class Dashboard(Queue):
 class Worker(models.Model):
     """A live (or recently stopped or lost) worker process, refreshed with its heartbeat.
 
-    Written only by the worker registry service (`registry.py`).
+    Written only by the worker registry service (`worker/services/registry.py`).
     """
 
     id = models.CharField(max_length=64, primary_key=True)  # The lease_owner it writes.
@@ -329,7 +329,7 @@ class ApiKey(models.Model):
     """A key for the HTTP API and the metrics view: its secret is stored hashed, never in clear.
 
     A key reads `cvk_<prefix>_<secret>`. The prefix is public and finds the
-    row; only the SHA-256 of the whole key is stored (see `apikeys.py`).
+    row; only the SHA-256 of the whole key is stored (see `api/keys.py`).
     """
 
     id = models.BigAutoField(primary_key=True)

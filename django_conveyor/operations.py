@@ -18,10 +18,6 @@ from .conf import conveyor_settings
 BATCH_SIZE = 1000  # Jobs per transaction in a bulk operation.
 
 
-def _database() -> str:
-    return conveyor_settings().DATABASE
-
-
 def requeue(
     ids: Sequence[int], *, database: str | None = None, actor: str = protocol.DEFAULT_ACTOR
 ) -> list[int]:
@@ -30,7 +26,7 @@ def requeue(
     `actor` names who asked ("admin:<username>", "cli", "api:<key name>") in
     each job's history.
     """
-    database = database or _database()
+    database = database or conveyor_settings().DATABASE
     with transaction.atomic(using=database), connections[database].cursor() as cursor:
         return protocol.requeue(
             cursor, ids=list(ids), notify=conveyor_settings().NOTIFY, actor=actor
@@ -41,7 +37,7 @@ def cancel(
     ids: Sequence[int], *, database: str | None = None, actor: str = protocol.DEFAULT_ACTOR
 ) -> list[int]:
     """Cancel jobs that have not started; returns those changed."""
-    database = database or _database()
+    database = database or conveyor_settings().DATABASE
     with transaction.atomic(using=database), connections[database].cursor() as cursor:
         return protocol.cancel(cursor, ids=list(ids), actor=actor)
 
@@ -54,7 +50,7 @@ def request_cancel(
     The holder learns it with its next heartbeat and ends the job `cancelled`;
     if the holder is gone, the reaper cancels the job when its lease expires.
     """
-    database = database or _database()
+    database = database or conveyor_settings().DATABASE
     with transaction.atomic(using=database), connections[database].cursor() as cursor:
         return protocol.request_cancel(cursor, ids=list(ids), actor=actor)
 

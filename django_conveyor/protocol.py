@@ -82,6 +82,12 @@ Invariants (checked by the spec, SPIN, the property tests and fault runs):
 at most one worker holds a valid lease on a job; an outcome is written only
 by the current token holder; a completed job's effect is in the ledger
 exactly once; every job ends in a final state while some worker runs.
+
+The module reads by action family: enqueue, claim, outcomes (what the
+holder of a lease writes), maintenance (reap, prune), operators (requeue,
+cancel), workflows (unblock, cancel and reblock dependents) and cron. Each
+SQL constant sits directly above the function that runs it; `ACTIONS`, at
+the end, names them for `tests/test_spec_names.py`.
 """
 
 from __future__ import annotations
@@ -98,538 +104,13 @@ from .exceptions import (
     IdempotencyKeyReused,
     TooManyDependencies,
 )
+from .serialization import loaded
 from .states import JobState
 
 NOTIFY_CHANNEL = "conveyor"
 DEFAULT_ACTOR = "code"  # Who changed a job, when the caller does not say.
 MAX_DEPENDENCIES = 10_000  # Per job: one fan-in callback after a 10,000-job group.
 UNSUCCESSFUL_STATES = ("failed", "dead", "cancelled")  # Final, but not completed.
-
-
-def _history(action: str, detail: str) -> str:
-    """SQL for a one-entry history array; `detail` is an SQL text expression."""
-    return (
-        "jsonb_build_array(jsonb_build_object('time', now(), 'actor', %(actor)s::text, "
-        f"'action', '{action}', 'detail', {detail}))"
-    )
-
-
-_ENQUEUE_COLUMNS = """
-    task_path text, args jsonb, kwargs jsonb, queue text, backend text, priority int,
-    max_attempts int, run_after timestamptz, idempotency_key text, ord int,
-    pending int, policy text
-"""
-
-ENQUEUE = f"""
-WITH input AS (
-    SELECT * FROM jsonb_to_recordset(%(rows)s::jsonb) AS t({_ENQUEUE_COLUMNS})
-), inserted AS (
-    INSERT INTO conveyor_job (
-        task_path, args, kwargs, queue, backend, priority, state, attempt, max_attempts,
-        run_after, enqueued_run_after, lease_version, idempotency_key, errors, enqueued_at,
-        pending_dependencies, dependency_policy
-    )
-    SELECT task_path, args, kwargs, queue, backend, priority,
-           CASE WHEN pending > 0 THEN 'blocked' ELSE 'available' END, 0, max_attempts,
-           COALESCE(run_after, now()), run_after, 0, idempotency_key, '[]'::jsonb, now(),
-           pending, policy
-    FROM input ORDER BY ord
-    ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-    RETURNING id, idempotency_key, queue, run_after, enqueued_at, state
-)
-SELECT id, idempotency_key, enqueued_at, run_after, state,
-       CASE WHEN %(notify)s AND state = 'available' AND run_after <= now()
-            THEN pg_notify(%(channel)s, queue) END
-FROM inserted
-"""
-
-# Part of ENQUEUE: the edges of the jobs it created, in the same transaction.
-ENQUEUE_DEPENDENCIES = """
-INSERT INTO conveyor_dependency (job_id, depends_on_id)
-SELECT * FROM unnest(%(job_ids)s::bigint[], %(depends_on_ids)s::bigint[])
-ON CONFLICT DO NOTHING
-"""
-
-# Read by ENQUEUE before it writes: the dependencies' states, share-locked
-# until the caller commits, so a dependency cannot complete (or fail) between
-# this read and the new edges' commit without its UNBLOCK seeing them. In id
-# order, so two enqueues sharing dependencies never deadlock.
-LOCK_DEPENDENCIES = """
-SELECT id, state FROM conveyor_job WHERE id = ANY(%(ids)s) ORDER BY id FOR SHARE
-"""
-
-EXISTING_BY_KEY = """
-SELECT id, idempotency_key, enqueued_at, run_after, task_path, args, kwargs, queue
-FROM conveyor_job
-WHERE idempotency_key = ANY(%(keys)s)
-"""
-
-
-# Both halves keep their cost in proportion to the batch, not the table:
-# - the paused queues are taken out of the worker's list once, before the
-#   scan, so it walks conveyor_job_claim_idx in claim order and stops after
-#   `limit` rows (a per-row paused filter, `queue <> ALL(ARRAY(...))` or a
-#   NOT EXISTS that meets statistics of conveyor_queue, makes the planner
-#   expect one matching row and sort every ready row instead);
-# - a worker of one queue names it as a constant (the planner folds the
-#   `cardinality(...) <> 1 OR ...` test), so it walks conveyor_job_claim_queue_idx
-#   and is not slowed by ready rows of other queues ahead of its own;
-# - the update finds the picked rows by primary key (`id = ANY(ARRAY(...))`),
-#   where a join to the CTE may become a hash join over the whole table once
-#   the batch is a few hundred rows;
-# - the claimed rows come back in claim order, sorting only the batch.
-def _claim(which: str, limit: str) -> str:
-    """A claim statement: pick ready rows (`which` of them, up to `limit`), give each a token."""
-    return f"""
-WITH picked AS (
-    SELECT id FROM conveyor_job
-    WHERE state = 'available'
-      AND run_after <= now()
-      AND queue = ANY(ARRAY(
-          SELECT s.name FROM unnest(%(queues)s::text[]) AS s(name)
-          WHERE NOT EXISTS (SELECT 1 FROM conveyor_queue AS q WHERE q.name = s.name AND q.paused)
-      ))
-      AND (cardinality(%(queues)s::text[]) <> 1 OR queue = (%(queues)s::text[])[1])
-      AND {which}
-    ORDER BY priority DESC, run_after, id
-    LIMIT {limit}
-    FOR UPDATE SKIP LOCKED
-), claimed AS (
-    UPDATE conveyor_job AS j
-    SET state = 'running',
-        attempt = j.attempt + 1,
-        lease_owner = %(owner)s,
-        lease_version = j.lease_version + 1,
-        lease_expires_at = now() + make_interval(secs => %(lease)s),
-        started_at = now()
-    WHERE j.id = ANY(ARRAY(SELECT id FROM picked))
-    RETURNING j.*
-)
-SELECT id, task_path, args, kwargs, queue, backend, priority, attempt, max_attempts,
-       lease_version, idempotency_key, enqueued_at, started_at, lease_owner,
-       extract(epoch FROM started_at - greatest(enqueued_at, run_after))::float8,
-       NULLIF(errors, '[]'::jsonb), isolated, enqueued_run_after
-FROM claimed
-ORDER BY priority DESC, run_after, id
-"""
-
-
-# NOT isolated is a filter on the claim index (whose predicate is state alone):
-# isolated rows are few, and they wait for CLAIM_ISOLATED.
-CLAIM = _claim("NOT isolated", "%(limit)s")
-
-# One job, in a statement of its own. The NOT EXISTS reads the worker's
-# running isolated rows (at most one) through conveyor_job_isolated_held_idx.
-CLAIM_ISOLATED = _claim(
-    """isolated
-      AND NOT EXISTS (
-          SELECT 1 FROM conveyor_job AS mine
-          WHERE mine.state = 'running' AND mine.isolated AND mine.lease_owner = %(owner)s)""",
-    "1",
-)
-
-_HELD = "FROM jsonb_to_recordset(%(held)s::jsonb) AS h(id bigint, version bigint"
-
-# SKIP LOCKED: a row locked by the worker's own open context.atomic() must not
-# stall the heartbeat of every other lease; the lock itself keeps the reaper off.
-# A renewed job with a cancel request is reported, so its holder can stop it.
-HEARTBEAT = """
-WITH renew AS (
-    SELECT j.id
-    FROM conveyor_job AS j
-    JOIN jsonb_to_recordset(%(held)s::jsonb) AS h(id bigint, version bigint)
-      ON j.id = h.id AND j.lease_version = h.version
-    WHERE j.state = 'running' AND j.lease_owner = %(owner)s
-    FOR UPDATE OF j SKIP LOCKED
-)
-UPDATE conveyor_job AS j
-SET lease_expires_at = now() + make_interval(secs => %(lease)s)
-FROM renew
-WHERE j.id = renew.id
-RETURNING j.id, j.cancel_requested_at IS NOT NULL
-"""
-
-# A plain read, no lock, only when HEARTBEAT missed some of the held rows:
-# SKIP LOCKED also skips a row that another worker's CLAIM has just locked
-# and then rejected (PostgreSQL keeps that lock until the claim commits).
-# A row that still carries this worker's token is held, not lost.
-STILL_HELD = """
-SELECT j.id FROM conveyor_job AS j
-JOIN jsonb_to_recordset(%(held)s::jsonb) AS h(id bigint, version bigint)
-  ON j.id = h.id AND j.lease_version = h.version
-WHERE j.state = 'running' AND j.lease_owner = %(owner)s
-"""
-
-COMPLETE = f"""
-UPDATE conveyor_job AS j
-SET state = 'completed', return_value = h.return_value, finished_at = now(),
-    lease_expires_at = NULL, isolated = false
-{_HELD}, return_value jsonb)
-WHERE j.id = h.id AND j.state = 'running'
-  AND j.lease_owner = %(owner)s AND j.lease_version = h.version
-RETURNING j.id
-"""
-
-# Dependents are locked in id order (two batches completing dependencies of
-# the same jobs never deadlock) and re-checked as blocked under the lock.
-_DEPENDENTS_OF = """
-WITH hits AS (
-    SELECT d.job_id, count(*) AS n, min(d.depends_on_id) AS first
-    FROM conveyor_dependency AS d
-    WHERE d.depends_on_id = ANY(%(ids)s)
-    GROUP BY d.job_id
-), locked AS (
-    SELECT j.id, hits.n, hits.first
-    FROM conveyor_job AS j JOIN hits ON j.id = hits.job_id
-    WHERE j.state = 'blocked'
-    ORDER BY j.id
-    FOR UPDATE OF j
-)"""
-
-_NOTIFY_AVAILABLE = """CASE WHEN %(notify)s AND j.state = 'available' AND j.run_after <= now()
-            THEN pg_notify(%(channel)s, j.queue) END"""
-
-UNBLOCK = f"""{_DEPENDENTS_OF}
-UPDATE conveyor_job AS j
-SET pending_dependencies = j.pending_dependencies - locked.n,
-    state = CASE WHEN j.pending_dependencies - locked.n > 0 THEN 'blocked' ELSE 'available' END,
-    run_after = CASE WHEN j.pending_dependencies - locked.n > 0 THEN j.run_after
-                     ELSE greatest(j.run_after, now()) END
-FROM locked
-WHERE j.id = locked.id
-RETURNING j.id, j.state, {_NOTIFY_AVAILABLE}
-"""
-
-DEPENDENCY_FAILED = "django_conveyor.exceptions.DependencyFailed"
-
-CANCEL_DEPENDENTS = f"""{_DEPENDENTS_OF}
-UPDATE conveyor_job AS j
-SET state = CASE WHEN j.dependency_policy = 'cancel' THEN 'cancelled'
-                 WHEN j.pending_dependencies - locked.n > 0 THEN 'blocked'
-                 ELSE 'available' END,
-    pending_dependencies = CASE WHEN j.dependency_policy = 'cancel' THEN j.pending_dependencies
-                                ELSE j.pending_dependencies - locked.n END,
-    finished_at = CASE WHEN j.dependency_policy = 'cancel' THEN now() END,
-    run_after = CASE WHEN j.dependency_policy = 'run' AND j.pending_dependencies - locked.n <= 0
-                     THEN greatest(j.run_after, now()) ELSE j.run_after END,
-    errors = CASE WHEN j.dependency_policy = 'run' THEN j.errors
-        ELSE j.errors || jsonb_build_array(jsonb_build_object(
-            'attempt', j.attempt, 'worker', NULL, 'token', j.lease_version,
-            'exception_class_path', '{DEPENDENCY_FAILED}',
-            'traceback', 'Dependency ' || e.id || ' (' || e.task_path || ') ended '
-                || e.state || '; this job was cancelled without running.',
-            'dependency', e.id, 'time', now())) END
-FROM locked JOIN conveyor_job AS e ON e.id = locked.first
-WHERE j.id = locked.id
-RETURNING j.id, j.state, {_NOTIFY_AVAILABLE}
-"""
-
-# The candidates: the given jobs that REQUEUE made blocked, and their
-# dependents that a dependency's failure cancelled (the last error says so;
-# an operator's cancel leaves another) or that have policy 'run' and have not
-# started (their dependency is unfinished again). Their
-# dependencies are share-locked before the candidates are locked (a
-# dependency before its dependents, as COMPLETE then UNBLOCK do), so the
-# counts read the latest committed states and nothing changes them before
-# this commits. A job cancelled by a dependency stays cancelled while another
-# of its dependencies is failed, dead or cancelled.
-REBLOCK_DEPENDENTS = f"""
-WITH candidates AS (
-    SELECT j.id FROM conveyor_job AS j WHERE j.id = ANY(%(ids)s) AND j.state = 'blocked'
-    UNION
-    SELECT j.id
-    FROM conveyor_dependency AS d JOIN conveyor_job AS j ON j.id = d.job_id
-    WHERE d.depends_on_id = ANY(%(ids)s)
-      AND ((j.state IN ('blocked', 'available') AND j.dependency_policy = 'run')
-           OR (j.state = 'cancelled'
-               AND j.errors -> -1 ->> 'exception_class_path' = '{DEPENDENCY_FAILED}'))
-), upstream AS (
-    SELECT d.job_id, p.state
-    FROM candidates AS c
-    JOIN conveyor_dependency AS d ON d.job_id = c.id
-    JOIN conveyor_job AS p ON p.id = d.depends_on_id
-    ORDER BY p.id
-    FOR SHARE OF p
-), counted AS (
-    SELECT job_id,
-           count(*) FILTER (WHERE state <> 'completed') AS unfinished,
-           count(*) FILTER (
-               WHERE state NOT IN ('completed', 'failed', 'dead', 'cancelled')) AS unsettled
-    FROM upstream GROUP BY job_id
-), locked AS (
-    SELECT j.id, c.unfinished, c.unsettled
-    FROM conveyor_job AS j JOIN counted AS c ON j.id = c.job_id
-    ORDER BY j.id
-    FOR UPDATE OF j
-)
-UPDATE conveyor_job AS j
-SET pending_dependencies = CASE WHEN j.dependency_policy = 'run' THEN locked.unsettled
-                                ELSE locked.unfinished END,
-    state = CASE WHEN (CASE WHEN j.dependency_policy = 'run' THEN locked.unsettled
-                            ELSE locked.unfinished END) > 0 THEN 'blocked' ELSE 'available' END,
-    finished_at = NULL,
-    run_after = greatest(j.run_after, now()),
-    history = CASE WHEN j.state = 'blocked' THEN j.history ELSE j.history || jsonb_build_array(
-        jsonb_build_object('time', now(), 'actor', %(actor)s::text, 'action', 'reblock',
-                           'detail', 'a dependency was requeued, was ' || j.state)) END
-FROM locked
-WHERE j.id = locked.id
-  AND (j.state = 'blocked' OR (j.state = 'available' AND j.dependency_policy = 'run')
-       OR (j.state = 'cancelled' AND (j.dependency_policy = 'run'
-           OR locked.unfinished = locked.unsettled)))
-RETURNING j.id, j.state, {_NOTIFY_AVAILABLE}
-"""
-
-RECORD_RESULT = f"""
-UPDATE conveyor_job AS j
-SET return_value = h.return_value
-{_HELD}, return_value jsonb)
-WHERE j.id = h.id AND j.state = 'completed'
-  AND j.lease_owner = %(owner)s AND j.lease_version = h.version
-RETURNING j.id
-"""
-
-_ERROR_ENTRY = """jsonb_build_array(h.error || jsonb_build_object(
-        'attempt', j.attempt, 'worker', j.lease_owner, 'token', j.lease_version,
-        'started_at', j.started_at, 'time', now()))"""
-
-# RETRY, SNOOZE and RELEASE hand a running job back; one with a cancel
-# request ends cancelled instead, so that it never runs again (as REAP does):
-# the handler may have ended before its worker's heartbeat told it.
-_HAND_BACK = "CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled' ELSE 'available' END"
-_HANDED_BACK_AT = "CASE WHEN j.cancel_requested_at IS NOT NULL THEN now() END"
-
-RETRY = f"""
-UPDATE conveyor_job AS j
-SET state = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
-                 WHEN j.attempt >= j.max_attempts THEN 'dead' ELSE 'available' END,
-    run_after = now() + make_interval(secs => h.delay),
-    finished_at = CASE WHEN j.cancel_requested_at IS NOT NULL
-                         OR j.attempt >= j.max_attempts THEN now() END,
-    errors = j.errors || {_ERROR_ENTRY},
-    lease_owner = NULL, lease_expires_at = NULL, isolated = false
-{_HELD}, delay float8, error jsonb)
-WHERE j.id = h.id AND j.state = 'running'
-  AND j.lease_owner = %(owner)s AND j.lease_version = h.version
-RETURNING j.id, j.state
-"""
-
-FAIL = f"""
-UPDATE conveyor_job AS j
-SET state = 'failed', finished_at = now(), errors = j.errors || {_ERROR_ENTRY},
-    lease_owner = NULL, lease_expires_at = NULL, isolated = false
-{_HELD}, error jsonb)
-WHERE j.id = h.id AND j.state = 'running'
-  AND j.lease_owner = %(owner)s AND j.lease_version = h.version
-RETURNING j.id
-"""
-
-# A note (a delay the worker capped) goes to history; without one, history is untouched.
-SNOOZE = f"""
-UPDATE conveyor_job AS j
-SET state = {_HAND_BACK}, finished_at = {_HANDED_BACK_AT}, attempt = j.attempt - 1,
-    run_after = now() + make_interval(secs => h.delay), lease_owner = NULL, lease_expires_at = NULL,
-    isolated = false,
-    history = CASE WHEN h.note IS NULL THEN j.history
-                   ELSE j.history || {_history("snooze_capped", "h.note")} END
-{_HELD}, delay float8, note text)
-WHERE j.id = h.id AND j.state = 'running'
-  AND j.lease_owner = %(owner)s AND j.lease_version = h.version
-RETURNING j.id
-"""
-
-# The handler did not finish: an isolated job stays isolated.
-RELEASE = f"""
-UPDATE conveyor_job AS j
-SET state = {_HAND_BACK}, finished_at = {_HANDED_BACK_AT}, attempt = j.attempt - 1,
-    lease_owner = NULL, lease_expires_at = NULL
-{_HELD})
-WHERE j.id = h.id AND j.state = 'running'
-  AND j.lease_owner = %(owner)s AND j.lease_version = h.version
-RETURNING j.id
-"""
-
-# The bound on a guarded transaction (context.atomic()), set before its lock.
-# A worker frozen (SIGSTOP) or hung inside it would otherwise keep the job's
-# row lock, which REAP skips, for ever. PostgreSQL cancels a statement that
-# runs longer than statement_timeout (the transaction aborts and its locks
-# go at once) and terminates a session idle in its transaction for longer
-# than idle_in_transaction_session_timeout (rolled back, locks released, the
-# zombie's next statement and its commit fail). is_local: both settings end
-# with the transaction, as SET LOCAL, so they also hold behind a pooler.
-BOUND_TRANSACTION = """
-SELECT set_config('statement_timeout', %(ms)s, true),
-       set_config('idle_in_transaction_session_timeout', %(ms)s, true)
-"""
-
-# A cancel request refuses the lock: no effect commits after an operator's cancel.
-LOCK_FOR_EFFECT = """
-SELECT id FROM conveyor_job
-WHERE id = %(id)s AND state = 'running'
-  AND lease_owner = %(owner)s AND lease_version = %(version)s
-  AND cancel_requested_at IS NULL
-FOR UPDATE
-"""
-
-REAP = """
-WITH expired AS (
-    SELECT id, lease_owner FROM conveyor_job
-    WHERE state = 'running' AND lease_expires_at < now()
-    ORDER BY lease_expires_at
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
-)
-UPDATE conveyor_job AS j
-SET state = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
-                 WHEN j.attempt >= j.max_attempts THEN 'dead' ELSE 'available' END,
-    finished_at = CASE WHEN j.cancel_requested_at IS NOT NULL
-                         OR j.attempt >= j.max_attempts THEN now() END,
-    run_after = now(),
-    lease_owner = NULL,
-    lease_expires_at = NULL,
-    -- It may have killed its worker: back to available, it runs alone.
-    isolated = (j.cancel_requested_at IS NULL AND j.attempt < j.max_attempts),
-    errors = j.errors || jsonb_build_array(jsonb_build_object(
-        'attempt', j.attempt, 'worker', j.lease_owner, 'token', j.lease_version,
-        'started_at', j.started_at,
-        'exception_class_path', CASE WHEN j.cancel_requested_at IS NOT NULL
-            THEN 'django_conveyor.exceptions.Cancelled'
-            ELSE 'django_conveyor.exceptions.LeaseLost' END,
-        'traceback', 'The lease expired at ' || j.lease_expires_at || CASE
-            WHEN j.cancel_requested_at IS NOT NULL
-            THEN ' after a cancel request by ' || j.cancel_requested_by
-                || '; the reaper cancelled the job.'
-            ELSE ' without a heartbeat; the job was taken back by the reaper.' END,
-        'time', now()))
-FROM expired
-WHERE j.id = expired.id
-RETURNING j.id, j.state, j.task_path, j.queue, j.attempt, expired.lease_owner, j.lease_version
-"""
-
-# A job with dependencies comes back `blocked` and REBLOCK_DEPENDENTS counts
-# them. One whose dependency (policy 'cancel') is itself failed, dead or
-# cancelled is refused: requeue that dependency, and this job follows.
-REQUEUE = f"""
-UPDATE conveyor_job AS j
-SET state = CASE WHEN EXISTS (SELECT 1 FROM conveyor_dependency AS d WHERE d.job_id = j.id)
-                 THEN 'blocked' ELSE 'available' END,
-    attempt = 0, run_after = now(), finished_at = NULL,
-    lease_expires_at = NULL, return_value = NULL, isolated = false,
-    cancel_requested_at = NULL, cancel_requested_by = NULL,
-    history = j.history || {_history("requeue", "'was ' || j.state")}
-WHERE j.id = ANY(%(ids)s) AND j.state IN ('failed', 'dead', 'cancelled')
-  AND NOT (j.dependency_policy = 'cancel' AND EXISTS (
-      SELECT 1 FROM conveyor_dependency AS d JOIN conveyor_job AS p ON p.id = d.depends_on_id
-      WHERE d.job_id = j.id AND p.state IN ('failed', 'dead', 'cancelled')))
-RETURNING j.id, j.queue
-"""
-
-CANCEL = f"""
-UPDATE conveyor_job
-SET state = 'cancelled', finished_at = now(),
-    errors = errors || jsonb_build_array(jsonb_build_object(
-        'attempt', attempt, 'worker', NULL, 'token', lease_version,
-        'exception_class_path', 'django_conveyor.exceptions.Cancelled',
-        'traceback', 'Cancelled before it ran, by ' || %(actor)s::text || '.', 'time', now())),
-    history = history || {_history("cancel", "'was ' || state")}
-WHERE id = ANY(%(ids)s) AND state IN ('blocked', 'available')
-RETURNING id
-"""
-
-# Any token: the operator does not hold the lease. The first request stands.
-REQUEST_CANCEL = f"""
-UPDATE conveyor_job
-SET cancel_requested_at = now(), cancel_requested_by = %(actor)s::text,
-    history = history || {
-    _history(
-        "request_cancel",
-        "'running on ' || COALESCE(lease_owner, '?') || ' (token ' || lease_version || ')'",
-    )
-}
-WHERE id = ANY(%(ids)s) AND state = 'running' AND cancel_requested_at IS NULL
-RETURNING id
-"""
-
-CANCEL_HELD = f"""
-UPDATE conveyor_job AS j
-SET state = 'cancelled', finished_at = now(),
-    errors = j.errors || jsonb_build_array(jsonb_build_object(
-        'attempt', j.attempt, 'worker', j.lease_owner, 'token', j.lease_version,
-        'started_at', j.started_at,
-        'exception_class_path', 'django_conveyor.exceptions.Cancelled',
-        'traceback', 'Cancelled while running, at the request of '
-            || j.cancel_requested_by || '.',
-        'time', now())),
-    history = j.history || {
-    _history("cancel_held", "'stopped while running, as ' || j.cancel_requested_by || ' asked'")
-},
-    lease_owner = NULL, lease_expires_at = NULL, isolated = false
-{_HELD})
-WHERE j.id = h.id AND j.state = 'running'
-  AND j.lease_owner = %(owner)s AND j.lease_version = h.version
-  AND j.cancel_requested_at IS NOT NULL
-RETURNING j.id
-"""
-
-PRUNE = """
-WITH doomed AS (
-    SELECT id FROM conveyor_job
-    WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
-      AND finished_at < now() - make_interval(secs => %(older_than)s)
-      AND queue = ANY(%(queues)s)
-    ORDER BY finished_at
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
-), ledger AS (
-    -- The foreign keys cascade in Django, not in the database: delete here.
-    DELETE FROM conveyor_ledger AS l USING doomed WHERE l.job_id = doomed.id
-), edges_in AS (
-    DELETE FROM conveyor_dependency AS d USING doomed WHERE d.job_id = doomed.id
-), edges_out AS (
-    DELETE FROM conveyor_dependency AS d USING doomed WHERE d.depends_on_id = doomed.id
-)
-DELETE FROM conveyor_job AS j USING doomed WHERE j.id = doomed.id
-"""
-
-NOTIFY = "SELECT pg_notify(%(channel)s, %(queue)s)"
-
-# One tick of a periodic schedule: the job and the schedule's advance commit
-# together or not at all. The row guard (enabled, next_tick_at = the tick the
-# caller computed from) makes a racing or stale scheduler write nothing; the
-# tick's idempotency key makes a second job for the same tick impossible even
-# if a row was reset by hand. SKIP LOCKED: a scheduler never waits for another.
-CRON_ROW_GUARD = """
-WITH due AS (
-    SELECT id FROM conveyor_cron
-    WHERE id = %(cron_id)s AND enabled AND next_tick_at = %(expected)s
-    FOR UPDATE SKIP LOCKED
-)"""
-
-CRON_ENQUEUE = f"""{CRON_ROW_GUARD}, inserted AS (
-    INSERT INTO conveyor_job (
-        task_path, args, kwargs, queue, backend, priority, state, attempt, max_attempts,
-        run_after, enqueued_run_after, lease_version, idempotency_key, errors, enqueued_at
-    )
-    SELECT %(task_path)s, %(args)s::jsonb, %(kwargs)s::jsonb, %(queue)s, %(backend)s,
-           %(priority)s, 'available', 0, %(max_attempts)s, %(tick)s, %(tick)s, 0, %(key)s,
-           '[]'::jsonb, now()
-    FROM due
-    ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-    RETURNING id, queue, run_after
-), advanced AS (
-    UPDATE conveyor_cron AS c
-    SET last_tick_at = %(tick)s, next_tick_at = %(next_tick)s,
-        last_job_id = COALESCE(
-            (SELECT id FROM inserted),
-            (SELECT id FROM conveyor_job WHERE idempotency_key = %(key)s))
-    FROM due
-    WHERE c.id = due.id
-    RETURNING c.last_job_id
-)
-SELECT a.last_job_id, i.id IS NOT NULL,
-       CASE WHEN %(notify)s AND i.run_after <= now() THEN pg_notify(%(channel)s, i.queue) END
-FROM advanced AS a LEFT JOIN inserted AS i ON true
-"""
 
 
 class Cursor(Protocol):
@@ -640,6 +121,37 @@ class Cursor(Protocol):
     def execute(self, query: Any, params: Any = ...) -> Any: ...
 
     def fetchall(self) -> list[Any]: ...
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
+def _error_entry(entry: str, *, ran: bool = True) -> str:
+    """SQL for a one-entry array to append to a job's `errors`: the one builder of an entry.
+
+    `entry` is a jsonb expression with what this end says (the exception's
+    class path, its traceback, maybe more); every entry adds the attempt and
+    its token, and the time. `ran`: the attempt ran under a lease, so the
+    entry names its worker and when it started; a job that ends without
+    running (a cancel, a failed dependency) names no worker.
+    """
+    worker, started = ("j.lease_owner", "'started_at', j.started_at, ") if ran else ("NULL", "")
+    return (
+        f"jsonb_build_array({entry} || jsonb_build_object('attempt', j.attempt, "
+        f"'worker', {worker}, 'token', j.lease_version, {started}'time', now()))"
+    )
+
+
+def _history(action: str, detail: str) -> str:
+    """SQL for a one-entry history array; `detail` is an SQL text expression."""
+    return (
+        "jsonb_build_array(jsonb_build_object('time', now(), 'actor', %(actor)s::text, "
+        f"'action', '{action}', 'detail', {detail}))"
+    )
+
+
+# -- Enqueue: new jobs, in the caller's transaction ------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -666,48 +178,42 @@ class Enqueued:
     state: str = JobState.AVAILABLE  # blocked when it waits for dependencies.
 
 
-class Lease(NamedTuple):
-    """A claimed job as the worker holds it: the row plus its fencing token.
-
-    The token is (`owner`, `version`): every later write about this attempt is
-    guarded by both, and the Lease carries them unchanged from CLAIM to that write.
-    A named tuple, not a frozen dataclass: just as immutable, and built from a
-    claimed row about seven times faster (one per job on the control loop).
-    """
-
-    id: int
-    task_path: str
-    args: list[Any]
-    kwargs: dict[str, Any]
-    queue: str
-    backend: str
-    priority: int
-    attempt: int
-    max_attempts: int
-    version: int  # The fencing token's version: lease_version after this claim.
-    idempotency_key: str | None
-    enqueued_at: datetime
-    started_at: datetime  # The claim's database time.
-    owner: str  # The fencing token's owner: the claiming worker's id.
-    pickup_delay: float  # Seconds from when the job was due (enqueued or run_after) to now.
-    errors: list[dict[str, Any]] | None  # Entries of earlier attempts; None when none.
-    isolated: bool  # Taken by CLAIM_ISOLATED: it runs without claim-ahead siblings.
-    enqueued_run_after: datetime | None  # run_after as enqueued; None: not deferred.
+_ENQUEUE_COLUMNS = """
+    task_path text, args jsonb, kwargs jsonb, queue text, backend text, priority int,
+    max_attempts int, run_after timestamptz, idempotency_key text, ord int,
+    pending int, policy text
+"""
 
 
-@dataclass(frozen=True, slots=True)
-class Reaped:
-    id: int
-    state: str
-    task_path: str
-    queue: str
-    attempt: int
-    owner: str | None
-    version: int
+ENQUEUE = f"""
+WITH input AS (
+    SELECT * FROM jsonb_to_recordset(%(rows)s::jsonb) AS t({_ENQUEUE_COLUMNS})
+), inserted AS (
+    INSERT INTO conveyor_job (
+        task_path, args, kwargs, queue, backend, priority, state, attempt, max_attempts,
+        run_after, enqueued_run_after, lease_version, idempotency_key, errors, enqueued_at,
+        pending_dependencies, dependency_policy
+    )
+    SELECT task_path, args, kwargs, queue, backend, priority,
+           CASE WHEN pending > 0 THEN 'blocked' ELSE 'available' END, 0, max_attempts,
+           COALESCE(run_after, now()), run_after, 0, idempotency_key, '[]'::jsonb, now(),
+           pending, policy
+    FROM input ORDER BY ord
+    ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+    RETURNING id, idempotency_key, queue, run_after, enqueued_at, state
+)
+SELECT id, idempotency_key, enqueued_at, run_after, state,
+       CASE WHEN %(notify)s AND state = 'available' AND run_after <= now()
+            THEN pg_notify(%(channel)s, queue) END
+FROM inserted
+"""
 
 
-def _json(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"))
+EXISTING_BY_KEY = """
+SELECT id, idempotency_key, enqueued_at, run_after, task_path, args, kwargs, queue
+FROM conveyor_job
+WHERE idempotency_key = ANY(%(keys)s)
+"""
 
 
 def enqueue(cursor: Cursor, jobs: Sequence[NewJob], *, notify: bool) -> list[Enqueued]:
@@ -775,11 +281,42 @@ def enqueue(cursor: Cursor, jobs: Sequence[NewJob], *, notify: bool) -> list[Enq
                 id_, at, after, _ = by_key[key]
             else:
                 id_, _, at, after, task_path, args, kwargs, queue = existing[key]
-                args, kwargs = _loaded(args), _loaded(kwargs)
+                args, kwargs = loaded(args), loaded(kwargs)
                 _check_same_operation(key, id_, job, task_path, args, kwargs, queue)
             results.append(Enqueued(id_, at, after, created=False))
     _add_edges(cursor, jobs, results)
     return results
+
+
+def _check_same_operation(
+    key: str, job_id: int, job: NewJob, task_path: str, args: Any, kwargs: Any, queue: str
+) -> None:
+    differs = [
+        name
+        for name, mine, theirs in (
+            ("task", job.task_path, task_path),
+            ("arguments", (job.args, job.kwargs), (args, kwargs)),
+            ("queue", job.queue, queue),
+        )
+        if mine != theirs
+    ]
+    if differs:
+        raise IdempotencyKeyReused(
+            f"Idempotency key {key!r} already names job {job_id} ({task_path} on queue "
+            f"{queue!r}) that differs in its {' and '.join(differs)}; a key names one "
+            "operation, so use a new key for a different call.",
+            job_id=job_id,
+            key=key,
+        )
+
+
+# Read by ENQUEUE before it writes: the dependencies' states, share-locked
+# until the caller commits, so a dependency cannot complete (or fail) between
+# this read and the new edges' commit without its UNBLOCK seeing them. In id
+# order, so two enqueues sharing dependencies never deadlock.
+LOCK_DEPENDENCIES = """
+SELECT id, state FROM conveyor_job WHERE id = ANY(%(ids)s) ORDER BY id FOR SHARE
+"""
 
 
 def lock_dependencies(cursor: Cursor, ids: Iterable[int]) -> dict[int, str]:
@@ -821,6 +358,14 @@ def pending_dependencies(cursor: Cursor, jobs: Sequence[NewJob]) -> list[int]:
     return pending
 
 
+# Part of ENQUEUE: the edges of the jobs it created, in the same transaction.
+ENQUEUE_DEPENDENCIES = """
+INSERT INTO conveyor_dependency (job_id, depends_on_id)
+SELECT * FROM unnest(%(job_ids)s::bigint[], %(depends_on_ids)s::bigint[])
+ON CONFLICT DO NOTHING
+"""
+
+
 def _add_edges(cursor: Cursor, jobs: Sequence[NewJob], results: Sequence[Enqueued]) -> None:
     job_ids: list[int] = []
     depends_on_ids: list[int] = []
@@ -833,31 +378,90 @@ def _add_edges(cursor: Cursor, jobs: Sequence[NewJob], results: Sequence[Enqueue
         cursor.execute(ENQUEUE_DEPENDENCIES, {"job_ids": job_ids, "depends_on_ids": depends_on_ids})
 
 
-def _loaded(value: Any) -> Any:
-    """jsonb as Python: Django's cursors hand it over as text, psycopg's decoded."""
-    return json.loads(value) if isinstance(value, str) else value
+# -- Claim: ready jobs, each with a new fencing token ----------------------------------------------
 
 
-def _check_same_operation(
-    key: str, job_id: int, job: NewJob, task_path: str, args: Any, kwargs: Any, queue: str
-) -> None:
-    differs = [
-        name
-        for name, mine, theirs in (
-            ("task", job.task_path, task_path),
-            ("arguments", (job.args, job.kwargs), (args, kwargs)),
-            ("queue", job.queue, queue),
-        )
-        if mine != theirs
-    ]
-    if differs:
-        raise IdempotencyKeyReused(
-            f"Idempotency key {key!r} already names job {job_id} ({task_path} on queue "
-            f"{queue!r}) that differs in its {' and '.join(differs)}; a key names one "
-            "operation, so use a new key for a different call.",
-            job_id=job_id,
-            key=key,
-        )
+class Lease(NamedTuple):
+    """A claimed job as the worker holds it: the row plus its fencing token.
+
+    The token is (`owner`, `version`): every later write about this attempt is
+    guarded by both, and the Lease carries them unchanged from CLAIM to that write.
+    A named tuple, not a frozen dataclass: just as immutable, and built from a
+    claimed row about seven times faster (one per job on the control loop).
+    """
+
+    id: int
+    task_path: str
+    args: list[Any]
+    kwargs: dict[str, Any]
+    queue: str
+    backend: str
+    priority: int
+    attempt: int
+    max_attempts: int
+    version: int  # The fencing token's version: lease_version after this claim.
+    idempotency_key: str | None
+    enqueued_at: datetime
+    started_at: datetime  # The claim's database time.
+    owner: str  # The fencing token's owner: the claiming worker's id.
+    pickup_delay: float  # Seconds from when the job was due (enqueued or run_after) to now.
+    errors: list[dict[str, Any]] | None  # Entries of earlier attempts; None when none.
+    isolated: bool  # Taken by CLAIM_ISOLATED: it runs without claim-ahead siblings.
+    enqueued_run_after: datetime | None  # run_after as enqueued; None: not deferred.
+
+
+# Both halves keep their cost in proportion to the batch, not the table:
+# - the paused queues are taken out of the worker's list once, before the
+#   scan, so it walks conveyor_job_claim_idx in claim order and stops after
+#   `limit` rows (a per-row paused filter, `queue <> ALL(ARRAY(...))` or a
+#   NOT EXISTS that meets statistics of conveyor_queue, makes the planner
+#   expect one matching row and sort every ready row instead);
+# - a worker of one queue names it as a constant (the planner folds the
+#   `cardinality(...) <> 1 OR ...` test), so it walks conveyor_job_claim_queue_idx
+#   and is not slowed by ready rows of other queues ahead of its own;
+# - the update finds the picked rows by primary key (`id = ANY(ARRAY(...))`),
+#   where a join to the CTE may become a hash join over the whole table once
+#   the batch is a few hundred rows;
+# - the claimed rows come back in claim order, sorting only the batch.
+def _claim(which: str, limit: str) -> str:
+    """A claim statement: pick ready rows (`which` of them, up to `limit`), give each a token."""
+    return f"""
+WITH picked AS (
+    SELECT id FROM conveyor_job
+    WHERE state = 'available'
+      AND run_after <= now()
+      AND queue = ANY(ARRAY(
+          SELECT s.name FROM unnest(%(queues)s::text[]) AS s(name)
+          WHERE NOT EXISTS (SELECT 1 FROM conveyor_queue AS q WHERE q.name = s.name AND q.paused)
+      ))
+      AND (cardinality(%(queues)s::text[]) <> 1 OR queue = (%(queues)s::text[])[1])
+      AND {which}
+    ORDER BY priority DESC, run_after, id
+    LIMIT {limit}
+    FOR UPDATE SKIP LOCKED
+), claimed AS (
+    UPDATE conveyor_job AS j
+    SET state = 'running',
+        attempt = j.attempt + 1,
+        lease_owner = %(owner)s,
+        lease_version = j.lease_version + 1,
+        lease_expires_at = now() + make_interval(secs => %(lease)s),
+        started_at = now()
+    WHERE j.id = ANY(ARRAY(SELECT id FROM picked))
+    RETURNING j.*
+)
+SELECT id, task_path, args, kwargs, queue, backend, priority, attempt, max_attempts,
+       lease_version, idempotency_key, enqueued_at, started_at, lease_owner,
+       extract(epoch FROM started_at - greatest(enqueued_at, run_after))::float8,
+       NULLIF(errors, '[]'::jsonb), isolated, enqueued_run_after
+FROM claimed
+ORDER BY priority DESC, run_after, id
+"""
+
+
+# NOT isolated is a filter on the claim index (whose predicate is state alone):
+# isolated rows are few, and they wait for CLAIM_ISOLATED.
+CLAIM = _claim("NOT isolated", "%(limit)s")
 
 
 def claim(
@@ -872,6 +476,17 @@ def claim(
         CLAIM, {"queues": list(queues), "limit": limit, "owner": owner, "lease": lease_seconds}
     )
     return list(map(Lease._make, cursor.fetchall()))
+
+
+# One job, in a statement of its own. The NOT EXISTS reads the worker's
+# running isolated rows (at most one) through conveyor_job_isolated_held_idx.
+CLAIM_ISOLATED = _claim(
+    """isolated
+      AND NOT EXISTS (
+          SELECT 1 FROM conveyor_job AS mine
+          WHERE mine.state = 'running' AND mine.isolated AND mine.lease_owner = %(owner)s)""",
+    "1",
+)
 
 
 def claim_isolated(
@@ -889,6 +504,19 @@ def claim_isolated(
     return list(map(Lease._make, cursor.fetchall()))
 
 
+# -- Outcomes: what the holder of a lease writes, under its token ----------------------------------
+
+
+_HELD = "FROM jsonb_to_recordset(%(held)s::jsonb) AS h(id bigint, version bigint"
+
+
+def _guarded(cursor: Cursor, sql: str, owner: str, held: list[dict[str, Any]]) -> set[int]:
+    if not held:
+        return set()
+    cursor.execute(sql, {"held": _json(held), "owner": owner})
+    return {row[0] for row in cursor.fetchall()}
+
+
 class Renewed(set[int]):
     """The ids HEARTBEAT renewed; `cancel_requested` are those an operator asked to stop.
 
@@ -901,6 +529,38 @@ class Renewed(set[int]):
         super().__init__(id_ for id_, _ in rows)
         self.cancel_requested = frozenset(id_ for id_, requested in rows if requested)
         self.locked = frozenset(locked)
+
+
+# SKIP LOCKED: a row locked by the worker's own open context.atomic() must not
+# stall the heartbeat of every other lease; the lock itself keeps the reaper off.
+# A renewed job with a cancel request is reported, so its holder can stop it.
+HEARTBEAT = """
+WITH renew AS (
+    SELECT j.id
+    FROM conveyor_job AS j
+    JOIN jsonb_to_recordset(%(held)s::jsonb) AS h(id bigint, version bigint)
+      ON j.id = h.id AND j.lease_version = h.version
+    WHERE j.state = 'running' AND j.lease_owner = %(owner)s
+    FOR UPDATE OF j SKIP LOCKED
+)
+UPDATE conveyor_job AS j
+SET lease_expires_at = now() + make_interval(secs => %(lease)s)
+FROM renew
+WHERE j.id = renew.id
+RETURNING j.id, j.cancel_requested_at IS NOT NULL
+"""
+
+
+# A plain read, no lock, only when HEARTBEAT missed some of the held rows:
+# SKIP LOCKED also skips a row that another worker's CLAIM has just locked
+# and then rejected (PostgreSQL keeps that lock until the claim commits).
+# A row that still carries this worker's token is held, not lost.
+STILL_HELD = """
+SELECT j.id FROM conveyor_job AS j
+JOIN jsonb_to_recordset(%(held)s::jsonb) AS h(id bigint, version bigint)
+  ON j.id = h.id AND j.lease_version = h.version
+WHERE j.state = 'running' AND j.lease_owner = %(owner)s
+"""
 
 
 def heartbeat(
@@ -929,6 +589,17 @@ def heartbeat(
     return Renewed(rows, locked=[row[0] for row in cursor.fetchall()])
 
 
+COMPLETE = f"""
+UPDATE conveyor_job AS j
+SET state = 'completed', return_value = h.return_value, finished_at = now(),
+    lease_expires_at = NULL, isolated = false
+{_HELD}, return_value jsonb)
+WHERE j.id = h.id AND j.state = 'running'
+  AND j.lease_owner = %(owner)s AND j.lease_version = h.version
+RETURNING j.id
+"""
+
+
 def complete(
     cursor: Cursor, *, owner: str, done: Iterable[tuple[int, int, Any]], notify: bool = True
 ) -> set[int]:
@@ -943,6 +614,432 @@ def complete(
     return written
 
 
+RECORD_RESULT = f"""
+UPDATE conveyor_job AS j
+SET return_value = h.return_value
+{_HELD}, return_value jsonb)
+WHERE j.id = h.id AND j.state = 'completed'
+  AND j.lease_owner = %(owner)s AND j.lease_version = h.version
+RETURNING j.id
+"""
+
+
+def record_result(cursor: Cursor, *, owner: str, done: Iterable[tuple[int, int, Any]]) -> set[int]:
+    """Store return values of jobs this token already completed in context.atomic()."""
+    held = [{"id": i, "version": v, "return_value": r} for i, v, r in done if r is not None]
+    return _guarded(cursor, RECORD_RESULT, owner, held)
+
+
+_ERROR_ENTRY = _error_entry("h.error")  # The worker's entry for the attempt (error_entry()).
+
+
+RETRY = f"""
+UPDATE conveyor_job AS j
+SET state = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
+                 WHEN j.attempt >= j.max_attempts THEN 'dead' ELSE 'available' END,
+    run_after = now() + make_interval(secs => h.delay),
+    finished_at = CASE WHEN j.cancel_requested_at IS NOT NULL
+                         OR j.attempt >= j.max_attempts THEN now() END,
+    errors = j.errors || {_ERROR_ENTRY},
+    lease_owner = NULL, lease_expires_at = NULL, isolated = false
+{_HELD}, delay float8, error jsonb)
+WHERE j.id = h.id AND j.state = 'running'
+  AND j.lease_owner = %(owner)s AND j.lease_version = h.version
+RETURNING j.id, j.state
+"""
+
+
+def retry(
+    cursor: Cursor, *, owner: str, failures: Iterable[tuple[int, int, float, dict[str, Any]]]
+) -> dict[int, str]:
+    """Return failed attempts to `available` after a delay, or `dead` when used up."""
+    held = [{"id": i, "version": v, "delay": d, "error": e} for i, v, d, e in failures]
+    if not held:
+        return {}
+    cursor.execute(RETRY, {"held": _json(held), "owner": owner})
+    states = {id_: state for id_, state in cursor.fetchall()}
+    cancel_dependents(cursor, ids=[i for i, state in states.items() if state == "dead"])
+    return states
+
+
+FAIL = f"""
+UPDATE conveyor_job AS j
+SET state = 'failed', finished_at = now(), errors = j.errors || {_ERROR_ENTRY},
+    lease_owner = NULL, lease_expires_at = NULL, isolated = false
+{_HELD}, error jsonb)
+WHERE j.id = h.id AND j.state = 'running'
+  AND j.lease_owner = %(owner)s AND j.lease_version = h.version
+RETURNING j.id
+"""
+
+
+def fail(
+    cursor: Cursor, *, owner: str, failures: Iterable[tuple[int, int, dict[str, Any]]]
+) -> set[int]:
+    """Move jobs to `failed` at once (the handler said never retry)."""
+    held = [{"id": i, "version": v, "error": e} for i, v, e in failures]
+    failed = _guarded(cursor, FAIL, owner, held)
+    cancel_dependents(cursor, ids=failed)
+    return failed
+
+
+# RETRY, SNOOZE and RELEASE hand a running job back; one with a cancel
+# request ends cancelled instead, so that it never runs again (as REAP does):
+# the handler may have ended before its worker's heartbeat told it.
+_HAND_BACK = "CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled' ELSE 'available' END"
+
+
+_HANDED_BACK_AT = "CASE WHEN j.cancel_requested_at IS NOT NULL THEN now() END"
+
+
+# A note (a delay the worker capped) goes to history; without one, history is untouched.
+SNOOZE = f"""
+UPDATE conveyor_job AS j
+SET state = {_HAND_BACK}, finished_at = {_HANDED_BACK_AT}, attempt = j.attempt - 1,
+    run_after = now() + make_interval(secs => h.delay), lease_owner = NULL, lease_expires_at = NULL,
+    isolated = false,
+    history = CASE WHEN h.note IS NULL THEN j.history
+                   ELSE j.history || {_history("snooze_capped", "h.note")} END
+{_HELD}, delay float8, note text)
+WHERE j.id = h.id AND j.state = 'running'
+  AND j.lease_owner = %(owner)s AND j.lease_version = h.version
+RETURNING j.id
+"""
+
+
+def snooze(
+    cursor: Cursor,
+    *,
+    owner: str,
+    snoozed: Iterable[tuple[int, int, float, str | None]],
+    actor: str = DEFAULT_ACTOR,
+) -> set[int]:
+    """Run jobs again after a delay, giving back the attempt they used.
+
+    Each row is (id, version, delay, note); a note (a delay that was capped)
+    is appended to the job's history under `actor`.
+    """
+    held = [{"id": i, "version": v, "delay": d, "note": n} for i, v, d, n in snoozed]
+    if not held:
+        return set()
+    cursor.execute(SNOOZE, {"held": _json(held), "owner": owner, "actor": actor})
+    return {row[0] for row in cursor.fetchall()}
+
+
+# The handler did not finish: an isolated job stays isolated.
+RELEASE = f"""
+UPDATE conveyor_job AS j
+SET state = {_HAND_BACK}, finished_at = {_HANDED_BACK_AT}, attempt = j.attempt - 1,
+    lease_owner = NULL, lease_expires_at = NULL
+{_HELD})
+WHERE j.id = h.id AND j.state = 'running'
+  AND j.lease_owner = %(owner)s AND j.lease_version = h.version
+RETURNING j.id
+"""
+
+
+def release(cursor: Cursor, *, owner: str, held: Iterable[tuple[int, int]]) -> set[int]:
+    """Hand leases back at once (graceful shutdown); the attempt is not counted."""
+    rows = [{"id": i, "version": v} for i, v in held]
+    return _guarded(cursor, RELEASE, owner, rows)
+
+
+_CANCELLED_HELD_ENTRY = _error_entry("""jsonb_build_object(
+        'exception_class_path', 'django_conveyor.exceptions.Cancelled',
+        'traceback', 'Cancelled while running, at the request of '
+            || j.cancel_requested_by || '.')""")
+
+CANCEL_HELD = f"""
+UPDATE conveyor_job AS j
+SET state = 'cancelled', finished_at = now(),
+    errors = j.errors || {_CANCELLED_HELD_ENTRY},
+    history = j.history || {
+    _history("cancel_held", "'stopped while running, as ' || j.cancel_requested_by || ' asked'")
+},
+    lease_owner = NULL, lease_expires_at = NULL, isolated = false
+{_HELD})
+WHERE j.id = h.id AND j.state = 'running'
+  AND j.lease_owner = %(owner)s AND j.lease_version = h.version
+  AND j.cancel_requested_at IS NOT NULL
+RETURNING j.id
+"""
+
+
+def cancel_held(
+    cursor: Cursor, *, owner: str, held: Iterable[tuple[int, int]], actor: str = DEFAULT_ACTOR
+) -> set[int]:
+    """The holder honours cancel requests: its jobs become `cancelled`.
+
+    Guard: state running, owner and version (the token), and a cancel
+    request. Zero rows means the lease was lost, or there was no request.
+    """
+    rows = [{"id": i, "version": v} for i, v in held]
+    if not rows:
+        return set()
+    cursor.execute(CANCEL_HELD, {"held": _json(rows), "owner": owner, "actor": actor})
+    cancelled = {row[0] for row in cursor.fetchall()}
+    cancel_dependents(cursor, ids=cancelled)
+    return cancelled
+
+
+# The bound on a guarded transaction (context.atomic()), set before its lock.
+# A worker frozen (SIGSTOP) or hung inside it would otherwise keep the job's
+# row lock, which REAP skips, for ever. PostgreSQL cancels a statement that
+# runs longer than statement_timeout (the transaction aborts and its locks
+# go at once) and terminates a session idle in its transaction for longer
+# than idle_in_transaction_session_timeout (rolled back, locks released, the
+# zombie's next statement and its commit fail). is_local: both settings end
+# with the transaction, as SET LOCAL, so they also hold behind a pooler.
+BOUND_TRANSACTION = """
+SELECT set_config('statement_timeout', %(ms)s, true),
+       set_config('idle_in_transaction_session_timeout', %(ms)s, true)
+"""
+
+
+def bound_transaction(cursor: Cursor, *, seconds: float) -> None:
+    """End this transaction if a statement runs, or it idles, for longer than `seconds`."""
+    cursor.execute(BOUND_TRANSACTION, {"ms": str(max(1, round(seconds * 1000)))})
+
+
+# A cancel request refuses the lock: no effect commits after an operator's cancel.
+LOCK_FOR_EFFECT = """
+SELECT id FROM conveyor_job
+WHERE id = %(id)s AND state = 'running'
+  AND lease_owner = %(owner)s AND lease_version = %(version)s
+  AND cancel_requested_at IS NULL
+FOR UPDATE
+"""
+
+
+def lock_for_effect(cursor: Cursor, *, job_id: int, owner: str, version: int) -> bool:
+    """Lock the job row for the caller's transaction if the token still holds it.
+
+    False when the token lost the job or an operator asked to cancel it.
+    """
+    cursor.execute(LOCK_FOR_EFFECT, {"id": job_id, "owner": owner, "version": version})
+    return bool(cursor.fetchall())
+
+
+# -- Maintenance: any worker, on any worker's jobs -------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Reaped:
+    id: int
+    state: str
+    task_path: str
+    queue: str
+    attempt: int
+    owner: str | None
+    version: int
+
+
+_REAPED_ENTRY = _error_entry("""jsonb_build_object(
+        'exception_class_path', CASE WHEN j.cancel_requested_at IS NOT NULL
+            THEN 'django_conveyor.exceptions.Cancelled'
+            ELSE 'django_conveyor.exceptions.LeaseLost' END,
+        'traceback', 'The lease expired at ' || j.lease_expires_at || CASE
+            WHEN j.cancel_requested_at IS NOT NULL
+            THEN ' after a cancel request by ' || j.cancel_requested_by
+                || '; the reaper cancelled the job.'
+            ELSE ' without a heartbeat; the job was taken back by the reaper.' END)""")
+
+REAP = f"""
+WITH expired AS (
+    SELECT id, lease_owner FROM conveyor_job
+    WHERE state = 'running' AND lease_expires_at < now()
+    ORDER BY lease_expires_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE conveyor_job AS j
+SET state = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
+                 WHEN j.attempt >= j.max_attempts THEN 'dead' ELSE 'available' END,
+    finished_at = CASE WHEN j.cancel_requested_at IS NOT NULL
+                         OR j.attempt >= j.max_attempts THEN now() END,
+    run_after = now(),
+    lease_owner = NULL,
+    lease_expires_at = NULL,
+    -- It may have killed its worker: back to available, it runs alone.
+    isolated = (j.cancel_requested_at IS NULL AND j.attempt < j.max_attempts),
+    errors = j.errors || {_REAPED_ENTRY}
+FROM expired
+WHERE j.id = expired.id
+RETURNING j.id, j.state, j.task_path, j.queue, j.attempt, expired.lease_owner, j.lease_version
+"""
+
+
+def reap(cursor: Cursor, *, limit: int = 500) -> list[Reaped]:
+    """Take back expired leases: to `available`, `dead` when attempts are used up,
+    or `cancelled` when an operator asked to cancel the job."""
+    cursor.execute(REAP, {"limit": limit})
+    reaped = [Reaped(*row) for row in cursor.fetchall()]
+    cancel_dependents(cursor, ids=[r.id for r in reaped if r.state in UNSUCCESSFUL_STATES])
+    return reaped
+
+
+PRUNE = """
+WITH doomed AS (
+    SELECT id FROM conveyor_job
+    WHERE state IN ('completed', 'failed', 'dead', 'cancelled')
+      AND finished_at < now() - make_interval(secs => %(older_than)s)
+      AND queue = ANY(%(queues)s)
+    ORDER BY finished_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+), ledger AS (
+    -- The foreign keys cascade in Django, not in the database: delete here.
+    DELETE FROM conveyor_ledger AS l USING doomed WHERE l.job_id = doomed.id
+), edges_in AS (
+    DELETE FROM conveyor_dependency AS d USING doomed WHERE d.job_id = doomed.id
+), edges_out AS (
+    DELETE FROM conveyor_dependency AS d USING doomed WHERE d.depends_on_id = doomed.id
+)
+DELETE FROM conveyor_job AS j USING doomed WHERE j.id = doomed.id
+"""
+
+
+def prune(cursor: Cursor, *, older_than_seconds: float, queues: Sequence[str], limit: int) -> int:
+    """Delete up to `limit` finished jobs older than the retention window."""
+    cursor.execute(
+        PRUNE, {"older_than": older_than_seconds, "queues": list(queues), "limit": limit}
+    )
+    return cursor.rowcount
+
+
+# -- Operators: requeue and cancel, for the admin, the CLI, the API and code -----------------------
+
+
+# A job with dependencies comes back `blocked` and REBLOCK_DEPENDENTS counts
+# them. One whose dependency (policy 'cancel') is itself failed, dead or
+# cancelled is refused: requeue that dependency, and this job follows.
+REQUEUE = f"""
+UPDATE conveyor_job AS j
+SET state = CASE WHEN EXISTS (SELECT 1 FROM conveyor_dependency AS d WHERE d.job_id = j.id)
+                 THEN 'blocked' ELSE 'available' END,
+    attempt = 0, run_after = now(), finished_at = NULL,
+    lease_expires_at = NULL, return_value = NULL, isolated = false,
+    cancel_requested_at = NULL, cancel_requested_by = NULL,
+    history = j.history || {_history("requeue", "'was ' || j.state")}
+WHERE j.id = ANY(%(ids)s) AND j.state IN ('failed', 'dead', 'cancelled')
+  AND NOT (j.dependency_policy = 'cancel' AND EXISTS (
+      SELECT 1 FROM conveyor_dependency AS d JOIN conveyor_job AS p ON p.id = d.depends_on_id
+      WHERE d.job_id = j.id AND p.state IN ('failed', 'dead', 'cancelled')))
+RETURNING j.id, j.queue
+"""
+
+
+NOTIFY = "SELECT pg_notify(%(channel)s, %(queue)s)"
+
+
+def requeue(
+    cursor: Cursor, *, ids: Sequence[int], notify: bool = True, actor: str = DEFAULT_ACTOR
+) -> list[int]:
+    """Give failed, dead or cancelled jobs a fresh set of attempts.
+
+    Guard: state failed, dead or cancelled, and no dependency (policy
+    'cancel') failed, dead or cancelled; other ids are left alone and
+    missing from the result. Clears a cancel request; notes it in history.
+    A job with dependencies comes back `blocked` until they complete, and
+    the dependents its failure cancelled come back too (REBLOCK_DEPENDENTS).
+    """
+    cursor.execute(REQUEUE, {"ids": list(ids), "actor": actor})
+    rows = cursor.fetchall()
+    reblock_dependents(cursor, ids=[id_ for id_, _ in rows], notify=notify, actor=actor)
+    if notify:
+        for queue in sorted({queue for _, queue in rows}):
+            cursor.execute(NOTIFY, {"channel": NOTIFY_CHANNEL, "queue": queue})
+    return [id_ for id_, _ in rows]
+
+
+_CANCELLED_ENTRY = _error_entry(
+    """jsonb_build_object('exception_class_path', 'django_conveyor.exceptions.Cancelled',
+        'traceback', 'Cancelled before it ran, by ' || %(actor)s::text || '.')""",
+    ran=False,
+)
+
+CANCEL = f"""
+UPDATE conveyor_job AS j
+SET state = 'cancelled', finished_at = now(),
+    errors = j.errors || {_CANCELLED_ENTRY},
+    history = j.history || {_history("cancel", "'was ' || j.state")}
+WHERE j.id = ANY(%(ids)s) AND j.state IN ('blocked', 'available')
+RETURNING j.id
+"""
+
+
+def cancel(cursor: Cursor, *, ids: Sequence[int], actor: str = DEFAULT_ACTOR) -> list[int]:
+    """Cancel jobs that have not started (blocked or available).
+
+    Guard: state blocked or available; others are missing from the result.
+    """
+    cursor.execute(CANCEL, {"ids": list(ids), "actor": actor})
+    cancelled = [row[0] for row in cursor.fetchall()]
+    cancel_dependents(cursor, ids=cancelled)
+    return cancelled
+
+
+# Any token: the operator does not hold the lease. The first request stands.
+REQUEST_CANCEL = f"""
+UPDATE conveyor_job
+SET cancel_requested_at = now(), cancel_requested_by = %(actor)s::text,
+    history = history || {
+    _history(
+        "request_cancel",
+        "'running on ' || COALESCE(lease_owner, '?') || ' (token ' || lease_version || ')'",
+    )
+}
+WHERE id = ANY(%(ids)s) AND state = 'running' AND cancel_requested_at IS NULL
+RETURNING id
+"""
+
+
+def request_cancel(cursor: Cursor, *, ids: Sequence[int], actor: str = DEFAULT_ACTOR) -> list[int]:
+    """Ask the workers holding these running jobs to stop them; no state changes.
+
+    Guard: state running and no earlier request; any token. Zero rows means
+    the job is not running (any more) or was already asked to stop.
+    """
+    cursor.execute(REQUEST_CANCEL, {"ids": list(ids), "actor": actor})
+    return [row[0] for row in cursor.fetchall()]
+
+
+# -- Workflows: dependents settled in the transaction of their dependency's end --------------------
+
+
+# Dependents are locked in id order (two batches completing dependencies of
+# the same jobs never deadlock) and re-checked as blocked under the lock.
+_DEPENDENTS_OF = """
+WITH hits AS (
+    SELECT d.job_id, count(*) AS n, min(d.depends_on_id) AS first
+    FROM conveyor_dependency AS d
+    WHERE d.depends_on_id = ANY(%(ids)s)
+    GROUP BY d.job_id
+), locked AS (
+    SELECT j.id, hits.n, hits.first
+    FROM conveyor_job AS j JOIN hits ON j.id = hits.job_id
+    WHERE j.state = 'blocked'
+    ORDER BY j.id
+    FOR UPDATE OF j
+)"""
+
+
+_NOTIFY_AVAILABLE = """CASE WHEN %(notify)s AND j.state = 'available' AND j.run_after <= now()
+            THEN pg_notify(%(channel)s, j.queue) END"""
+
+
+UNBLOCK = f"""{_DEPENDENTS_OF}
+UPDATE conveyor_job AS j
+SET pending_dependencies = j.pending_dependencies - locked.n,
+    state = CASE WHEN j.pending_dependencies - locked.n > 0 THEN 'blocked' ELSE 'available' END,
+    run_after = CASE WHEN j.pending_dependencies - locked.n > 0 THEN j.run_after
+                     ELSE greatest(j.run_after, now()) END
+FROM locked
+WHERE j.id = locked.id
+RETURNING j.id, j.state, {_NOTIFY_AVAILABLE}
+"""
+
+
 def unblock(cursor: Cursor, *, ids: Iterable[int], notify: bool = True) -> list[int]:
     """Count these completed jobs off their blocked dependents; returns those now available.
 
@@ -955,6 +1052,35 @@ def unblock(cursor: Cursor, *, ids: Iterable[int], notify: bool = True) -> list[
         return []
     cursor.execute(UNBLOCK, {"ids": ids, "notify": notify, "channel": NOTIFY_CHANNEL})
     return [id_ for id_, state, _ in cursor.fetchall() if state == "available"]
+
+
+DEPENDENCY_FAILED = "django_conveyor.exceptions.DependencyFailed"
+
+
+_DEPENDENCY_FAILED_ENTRY = _error_entry(
+    f"""jsonb_build_object('exception_class_path', '{DEPENDENCY_FAILED}',
+            'traceback', 'Dependency ' || e.id || ' (' || e.task_path || ') ended '
+                || e.state || '; this job was cancelled without running.',
+            'dependency', e.id)""",
+    ran=False,
+)
+
+CANCEL_DEPENDENTS = f"""{_DEPENDENTS_OF}
+UPDATE conveyor_job AS j
+SET state = CASE WHEN j.dependency_policy = 'cancel' THEN 'cancelled'
+                 WHEN j.pending_dependencies - locked.n > 0 THEN 'blocked'
+                 ELSE 'available' END,
+    pending_dependencies = CASE WHEN j.dependency_policy = 'cancel' THEN j.pending_dependencies
+                                ELSE j.pending_dependencies - locked.n END,
+    finished_at = CASE WHEN j.dependency_policy = 'cancel' THEN now() END,
+    run_after = CASE WHEN j.dependency_policy = 'run' AND j.pending_dependencies - locked.n <= 0
+                     THEN greatest(j.run_after, now()) ELSE j.run_after END,
+    errors = CASE WHEN j.dependency_policy = 'run' THEN j.errors
+        ELSE j.errors || {_DEPENDENCY_FAILED_ENTRY} END
+FROM locked JOIN conveyor_job AS e ON e.id = locked.first
+WHERE j.id = locked.id
+RETURNING j.id, j.state, {_NOTIFY_AVAILABLE}
+"""
 
 
 def cancel_dependents(cursor: Cursor, *, ids: Iterable[int], notify: bool = True) -> list[int]:
@@ -974,6 +1100,63 @@ def cancel_dependents(cursor: Cursor, *, ids: Iterable[int], notify: bool = True
         frontier = sorted(id_ for id_, state, _ in cursor.fetchall() if state == "cancelled")
         cancelled += frontier
     return cancelled
+
+
+# The candidates: the given jobs that REQUEUE made blocked, and their
+# dependents that a dependency's failure cancelled (the last error says so;
+# an operator's cancel leaves another) or that have policy 'run' and have not
+# started (their dependency is unfinished again). Their
+# dependencies are share-locked before the candidates are locked (a
+# dependency before its dependents, as COMPLETE then UNBLOCK do), so the
+# counts read the latest committed states and nothing changes them before
+# this commits. A job cancelled by a dependency stays cancelled while another
+# of its dependencies is failed, dead or cancelled.
+REBLOCK_DEPENDENTS = f"""
+WITH candidates AS (
+    SELECT j.id FROM conveyor_job AS j WHERE j.id = ANY(%(ids)s) AND j.state = 'blocked'
+    UNION
+    SELECT j.id
+    FROM conveyor_dependency AS d JOIN conveyor_job AS j ON j.id = d.job_id
+    WHERE d.depends_on_id = ANY(%(ids)s)
+      AND ((j.state IN ('blocked', 'available') AND j.dependency_policy = 'run')
+           OR (j.state = 'cancelled'
+               AND j.errors -> -1 ->> 'exception_class_path' = '{DEPENDENCY_FAILED}'))
+), upstream AS (
+    SELECT d.job_id, p.state
+    FROM candidates AS c
+    JOIN conveyor_dependency AS d ON d.job_id = c.id
+    JOIN conveyor_job AS p ON p.id = d.depends_on_id
+    ORDER BY p.id
+    FOR SHARE OF p
+), counted AS (
+    SELECT job_id,
+           count(*) FILTER (WHERE state <> 'completed') AS unfinished,
+           count(*) FILTER (
+               WHERE state NOT IN ('completed', 'failed', 'dead', 'cancelled')) AS unsettled
+    FROM upstream GROUP BY job_id
+), locked AS (
+    SELECT j.id, c.unfinished, c.unsettled
+    FROM conveyor_job AS j JOIN counted AS c ON j.id = c.job_id
+    ORDER BY j.id
+    FOR UPDATE OF j
+)
+UPDATE conveyor_job AS j
+SET pending_dependencies = CASE WHEN j.dependency_policy = 'run' THEN locked.unsettled
+                                ELSE locked.unfinished END,
+    state = CASE WHEN (CASE WHEN j.dependency_policy = 'run' THEN locked.unsettled
+                            ELSE locked.unfinished END) > 0 THEN 'blocked' ELSE 'available' END,
+    finished_at = NULL,
+    run_after = greatest(j.run_after, now()),
+    history = CASE WHEN j.state = 'blocked' THEN j.history ELSE j.history || jsonb_build_array(
+        jsonb_build_object('time', now(), 'actor', %(actor)s::text, 'action', 'reblock',
+                           'detail', 'a dependency was requeued, was ' || j.state)) END
+FROM locked
+WHERE j.id = locked.id
+  AND (j.state = 'blocked' OR (j.state = 'available' AND j.dependency_policy = 'run')
+       OR (j.state = 'cancelled' AND (j.dependency_policy = 'run'
+           OR locked.unfinished = locked.unsettled)))
+RETURNING j.id, j.state, {_NOTIFY_AVAILABLE}
+"""
 
 
 def reblock_dependents(
@@ -1002,147 +1185,7 @@ def reblock_dependents(
     return back
 
 
-def record_result(cursor: Cursor, *, owner: str, done: Iterable[tuple[int, int, Any]]) -> set[int]:
-    """Store return values of jobs this token already completed in context.atomic()."""
-    held = [{"id": i, "version": v, "return_value": r} for i, v, r in done if r is not None]
-    return _guarded(cursor, RECORD_RESULT, owner, held)
-
-
-def retry(
-    cursor: Cursor, *, owner: str, failures: Iterable[tuple[int, int, float, dict[str, Any]]]
-) -> dict[int, str]:
-    """Return failed attempts to `available` after a delay, or `dead` when used up."""
-    held = [{"id": i, "version": v, "delay": d, "error": e} for i, v, d, e in failures]
-    if not held:
-        return {}
-    cursor.execute(RETRY, {"held": _json(held), "owner": owner})
-    states = {id_: state for id_, state in cursor.fetchall()}
-    cancel_dependents(cursor, ids=[i for i, state in states.items() if state == "dead"])
-    return states
-
-
-def fail(
-    cursor: Cursor, *, owner: str, failures: Iterable[tuple[int, int, dict[str, Any]]]
-) -> set[int]:
-    """Move jobs to `failed` at once (the handler said never retry)."""
-    held = [{"id": i, "version": v, "error": e} for i, v, e in failures]
-    failed = _guarded(cursor, FAIL, owner, held)
-    cancel_dependents(cursor, ids=failed)
-    return failed
-
-
-def snooze(
-    cursor: Cursor,
-    *,
-    owner: str,
-    snoozed: Iterable[tuple[int, int, float, str | None]],
-    actor: str = DEFAULT_ACTOR,
-) -> set[int]:
-    """Run jobs again after a delay, giving back the attempt they used.
-
-    Each row is (id, version, delay, note); a note (a delay that was capped)
-    is appended to the job's history under `actor`.
-    """
-    held = [{"id": i, "version": v, "delay": d, "note": n} for i, v, d, n in snoozed]
-    if not held:
-        return set()
-    cursor.execute(SNOOZE, {"held": _json(held), "owner": owner, "actor": actor})
-    return {row[0] for row in cursor.fetchall()}
-
-
-def release(cursor: Cursor, *, owner: str, held: Iterable[tuple[int, int]]) -> set[int]:
-    """Hand leases back at once (graceful shutdown); the attempt is not counted."""
-    rows = [{"id": i, "version": v} for i, v in held]
-    return _guarded(cursor, RELEASE, owner, rows)
-
-
-def bound_transaction(cursor: Cursor, *, seconds: float) -> None:
-    """End this transaction if a statement runs, or it idles, for longer than `seconds`."""
-    cursor.execute(BOUND_TRANSACTION, {"ms": str(max(1, round(seconds * 1000)))})
-
-
-def lock_for_effect(cursor: Cursor, *, job_id: int, owner: str, version: int) -> bool:
-    """Lock the job row for the caller's transaction if the token still holds it.
-
-    False when the token lost the job or an operator asked to cancel it.
-    """
-    cursor.execute(LOCK_FOR_EFFECT, {"id": job_id, "owner": owner, "version": version})
-    return bool(cursor.fetchall())
-
-
-def reap(cursor: Cursor, *, limit: int = 500) -> list[Reaped]:
-    """Take back expired leases: to `available`, `dead` when attempts are used up,
-    or `cancelled` when an operator asked to cancel the job."""
-    cursor.execute(REAP, {"limit": limit})
-    reaped = [Reaped(*row) for row in cursor.fetchall()]
-    cancel_dependents(cursor, ids=[r.id for r in reaped if r.state in UNSUCCESSFUL_STATES])
-    return reaped
-
-
-def requeue(
-    cursor: Cursor, *, ids: Sequence[int], notify: bool = True, actor: str = DEFAULT_ACTOR
-) -> list[int]:
-    """Give failed, dead or cancelled jobs a fresh set of attempts.
-
-    Guard: state failed, dead or cancelled, and no dependency (policy
-    'cancel') failed, dead or cancelled; other ids are left alone and
-    missing from the result. Clears a cancel request; notes it in history.
-    A job with dependencies comes back `blocked` until they complete, and
-    the dependents its failure cancelled come back too (REBLOCK_DEPENDENTS).
-    """
-    cursor.execute(REQUEUE, {"ids": list(ids), "actor": actor})
-    rows = cursor.fetchall()
-    reblock_dependents(cursor, ids=[id_ for id_, _ in rows], notify=notify, actor=actor)
-    if notify:
-        for queue in sorted({queue for _, queue in rows}):
-            cursor.execute(NOTIFY, {"channel": NOTIFY_CHANNEL, "queue": queue})
-    return [id_ for id_, _ in rows]
-
-
-def cancel(cursor: Cursor, *, ids: Sequence[int], actor: str = DEFAULT_ACTOR) -> list[int]:
-    """Cancel jobs that have not started (blocked or available).
-
-    Guard: state blocked or available; others are missing from the result.
-    """
-    cursor.execute(CANCEL, {"ids": list(ids), "actor": actor})
-    cancelled = [row[0] for row in cursor.fetchall()]
-    cancel_dependents(cursor, ids=cancelled)
-    return cancelled
-
-
-def request_cancel(cursor: Cursor, *, ids: Sequence[int], actor: str = DEFAULT_ACTOR) -> list[int]:
-    """Ask the workers holding these running jobs to stop them; no state changes.
-
-    Guard: state running and no earlier request; any token. Zero rows means
-    the job is not running (any more) or was already asked to stop.
-    """
-    cursor.execute(REQUEST_CANCEL, {"ids": list(ids), "actor": actor})
-    return [row[0] for row in cursor.fetchall()]
-
-
-def cancel_held(
-    cursor: Cursor, *, owner: str, held: Iterable[tuple[int, int]], actor: str = DEFAULT_ACTOR
-) -> set[int]:
-    """The holder honours cancel requests: its jobs become `cancelled`.
-
-    Guard: state running, owner and version (the token), and a cancel
-    request. Zero rows means the lease was lost, or there was no request.
-    """
-    rows = [{"id": i, "version": v} for i, v in held]
-    if not rows:
-        return set()
-    cursor.execute(CANCEL_HELD, {"held": _json(rows), "owner": owner, "actor": actor})
-    cancelled = {row[0] for row in cursor.fetchall()}
-    cancel_dependents(cursor, ids=cancelled)
-    return cancelled
-
-
-def prune(cursor: Cursor, *, older_than_seconds: float, queues: Sequence[str], limit: int) -> int:
-    """Delete up to `limit` finished jobs older than the retention window."""
-    cursor.execute(
-        PRUNE, {"older_than": older_than_seconds, "queues": list(queues), "limit": limit}
-    )
-    return cursor.rowcount
+# -- Cron: one tick of a periodic schedule ---------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -1154,6 +1197,46 @@ class CronTick:
 def cron_key(name: str, tick: datetime) -> str:
     """The idempotency key of one tick: `cron:<schedule name>:<tick in UTC, ISO 8601>`."""
     return f"cron:{name}:{tick.astimezone(UTC).replace(tzinfo=None).isoformat()}Z"
+
+
+# One tick of a periodic schedule: the job and the schedule's advance commit
+# together or not at all. The row guard (enabled, next_tick_at = the tick the
+# caller computed from) makes a racing or stale scheduler write nothing; the
+# tick's idempotency key makes a second job for the same tick impossible even
+# if a row was reset by hand. SKIP LOCKED: a scheduler never waits for another.
+CRON_ROW_GUARD = """
+WITH due AS (
+    SELECT id FROM conveyor_cron
+    WHERE id = %(cron_id)s AND enabled AND next_tick_at = %(expected)s
+    FOR UPDATE SKIP LOCKED
+)"""
+
+
+CRON_ENQUEUE = f"""{CRON_ROW_GUARD}, inserted AS (
+    INSERT INTO conveyor_job (
+        task_path, args, kwargs, queue, backend, priority, state, attempt, max_attempts,
+        run_after, enqueued_run_after, lease_version, idempotency_key, errors, enqueued_at
+    )
+    SELECT %(task_path)s, %(args)s::jsonb, %(kwargs)s::jsonb, %(queue)s, %(backend)s,
+           %(priority)s, 'available', 0, %(max_attempts)s, %(tick)s, %(tick)s, 0, %(key)s,
+           '[]'::jsonb, now()
+    FROM due
+    ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+    RETURNING id, queue, run_after
+), advanced AS (
+    UPDATE conveyor_cron AS c
+    SET last_tick_at = %(tick)s, next_tick_at = %(next_tick)s,
+        last_job_id = COALESCE(
+            (SELECT id FROM inserted),
+            (SELECT id FROM conveyor_job WHERE idempotency_key = %(key)s))
+    FROM due
+    WHERE c.id = due.id
+    RETURNING c.last_job_id
+)
+SELECT a.last_job_id, i.id IS NOT NULL,
+       CASE WHEN %(notify)s AND i.run_after <= now() THEN pg_notify(%(channel)s, i.queue) END
+FROM advanced AS a LEFT JOIN inserted AS i ON true
+"""
 
 
 def cron_enqueue(
@@ -1199,13 +1282,6 @@ def cron_enqueue(
     return CronTick(rows[0][0], bool(rows[0][1])) if rows else None
 
 
-def _guarded(cursor: Cursor, sql: str, owner: str, held: list[dict[str, Any]]) -> set[int]:
-    if not held:
-        return set()
-    cursor.execute(sql, {"held": _json(held), "owner": owner})
-    return {row[0] for row in cursor.fetchall()}
-
-
 ACTIONS = {
     "ENQUEUE": enqueue,
     "CLAIM": claim,
@@ -1229,5 +1305,6 @@ ACTIONS = {
     "CANCEL_DEPENDENTS": cancel_dependents,
     "REBLOCK_DEPENDENTS": reblock_dependents,
 }
+
 
 __all__ = ["ACTIONS", "JobState", "Lease", "NewJob", "Reaped", "Renewed"]

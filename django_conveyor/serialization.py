@@ -143,3 +143,8 @@ def _check_texts(items: Iterable[tuple[Any, Any]], what: str, *, keys: bool = Fa
     for index, item in items:
         if type(item) is str and (problem := text_problem(item)):
             raise _refuse(f"{what} key {item!r:.40}" if keys else f"{what}[{index}]", problem)
+
+
+def loaded(value: Any) -> Any:
+    """A jsonb value as Python: Django's cursors hand it over as text, psycopg's decoded."""
+    return json.loads(value) if isinstance(value, str) else value

@@ -1,4 +1,4 @@
-"""The backend's Task class, a `task` decorator that carries its options, the resolver.
+"""The backend's Task class, its workflow `Step`, a `task` decorator with its options, the resolver.
 
 `ConveyorTask` adds per-task `max_attempts`, `timeout`, backoff bounds and a
 per-call `idempotency_key` to the standard Task. The decorator works on
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from django.utils.module_loading import autodiscover_modules, import_string
 
@@ -20,13 +20,10 @@ from .compat import (
     DEFAULT_TASK_PRIORITY,
     DEFAULT_TASK_QUEUE_NAME,
     Task,
+    TaskResult,
     task_backends,
 )
 from .exceptions import UnknownTask
-
-if TYPE_CHECKING:
-    from .results import ConveyorTaskResult
-    from .workflows import Step
 
 OPTION_NAMES = (
     "max_attempts",
@@ -84,15 +81,29 @@ class ConveyorTask(Task):
 
     def step(self, *args: Any, **kwargs: Any) -> Step:
         """This task with these arguments, for a workflow (`workflows.chain`, `group`, ...)."""
-        from .workflows import Step
-
         return Step(self, args, kwargs)
 
     def enqueue_many(
         self, calls: Iterable[tuple[Sequence[Any], dict[str, Any]]]
-    ) -> list[ConveyorTaskResult]:
-        """Enqueue many calls of this task in one statement (and one NOTIFY)."""
+    ) -> list[TaskResult]:
+        """Enqueue many calls of this task in one statement (and one NOTIFY).
+
+        Returns their `ConveyorTaskResult`s, in the order of `calls`.
+        """
         return self.get_backend().enqueue_many(self, calls)
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One call of a task inside a workflow."""
+
+    task: Any  # A ConveyorTask (its .using() options apply: queue, priority, depends_on...).
+    args: Sequence[Any] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        return self.task.name
 
 
 def dependency_ids(depends_on: Iterable[Any]) -> tuple[str, ...]:

@@ -37,14 +37,16 @@ from typing import Any
 from django.db import connections, transaction
 from psycopg.pq import TransactionStatus
 
-from . import executor, outcomes, protocol, reporting
+from . import protocol
 from .compat import Task
 from .conf import conveyor_settings
-from .leases import HeldLease
 from .models import Job
 from .results import ConveyorTaskResult, result_from_job, result_id
-from .serialization import json_round_trip
+from .serialization import json_round_trip, loaded
 from .states import JobState
+from .worker import attempts, outcomes
+from .worker.attempts import Attempt
+from .worker.handlers import executor, reporting
 
 __all__ = [
     "Conveyor",
@@ -192,7 +194,7 @@ def run_jobs(
                         f"run_jobs() ran {max_jobs} attempts and jobs are still ready: "
                         "does a job enqueue itself, or retry for ever?"
                     )
-                _run(HeldLease(lease, database), owner, ran, immediate_retries=immediate_retries)
+                _run(Attempt(lease, database), owner, ran, immediate_retries=immediate_retries)
         if not claimed or not until_empty:
             return ran
 
@@ -229,9 +231,9 @@ def _claim(database: str, owner: str, queues: Sequence[str] | None) -> list[prot
     # Django's cursors hand jsonb over as text; the worker's own connection decodes it.
     return [
         lease._replace(
-            args=protocol._loaded(lease.args),
-            kwargs=protocol._loaded(lease.kwargs),
-            errors=protocol._loaded(lease.errors),
+            args=loaded(lease.args),
+            kwargs=loaded(lease.kwargs),
+            errors=loaded(lease.errors),
         )
         for lease in leases
     ]
@@ -241,30 +243,30 @@ class _RolledBack(Exception):
     """Rolls the handler's savepoint back (see _run)."""
 
 
-def _run(held: HeldLease, owner: str, ran: Ran, *, immediate_retries: bool) -> None:
-    connection = connections[held.database]
-    held.started_at = time.monotonic()  # As a slot does: the attempt started.
+def _run(attempt: Attempt, owner: str, ran: Ran, *, immediate_retries: bool) -> None:
+    connection = connections[attempt.database]
+    attempt.started_at = time.monotonic()  # As a slot does: the attempt started.
     if not connection.in_atomic_block:  # TransactionTestCase: as in a worker.
-        outcome = executor.execute(held)
+        outcome = executor.execute(attempt)
     else:
         # A handler's failed statement aborts the test's transaction (a worker's
         # handler has a connection of its own): roll back to before the handler,
         # so that the outcome can be written and the test go on.
         try:
-            with transaction.atomic(using=held.database):
+            with transaction.atomic(using=attempt.database):
                 # The blocks around the handler are the test's: context.atomic() nests in them.
-                held.outer_atomic_blocks = len(connection.atomic_blocks)
-                outcome = executor.execute(held)
+                attempt.outer_atomic_blocks = len(connection.atomic_blocks)
+                outcome = executor.execute(attempt)
                 if _aborted(connection):
                     raise _RolledBack
         except _RolledBack:
             pass
-    if immediate_retries and outcome.kind in (outcomes.RETRY, outcomes.SNOOZE):
+    if immediate_retries and outcome.kind in (attempts.RETRY, attempts.SNOOZE):
         outcome.delay = 0.0
     with connection.cursor() as cursor:
         written = outcomes.write(cursor, owner, outcomes.by_kind([outcome]))
-    became = written.get(held.lease.id)
-    ran.attempts.append((result_id(held.database, held.lease.id), became or "refused"))
+    became = written.get(attempt.lease.id)
+    ran.attempts.append((result_id(attempt.database, attempt.lease.id), became or "refused"))
     if became is not None:
         reporting.report(outcome)
 

@@ -1,7 +1,8 @@
 """Workflows: chains, groups and fan-ins of tasks, enqueued in one transaction.
 
-A `Step` is a task with its arguments (`task.step(*args, **kwargs)`). The
-builders compose steps and other workflows into a `Workflow`:
+A `Step` (tasks.py) is a task with its arguments (`task.step(*args,
+**kwargs)`). The builders compose steps and other workflows into a
+`Workflow`:
 
     chain(a, b, c)            each after the one before
     group(a, b, c)            side by side
@@ -19,7 +20,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.db import connections, transaction
@@ -28,19 +28,7 @@ from . import protocol
 from .conf import conveyor_settings
 from .exceptions import DependencyCycle, DependencyInOtherDatabase, TooManyDependencies
 from .results import ConveyorTaskResult
-
-
-@dataclass(frozen=True, slots=True)
-class Step:
-    """One call of a task inside a workflow."""
-
-    task: Any  # A ConveyorTask (its .using() options apply: queue, priority, depends_on...).
-    args: Sequence[Any] = ()
-    kwargs: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def label(self) -> str:
-        return self.task.name
+from .tasks import Step
 
 
 class Workflow:
@@ -136,7 +124,7 @@ class Workflow:
         database = _one_database(steps)
         jobs = []
         for index, step in enumerate(steps):
-            job = step.task.get_backend()._new_job(step.task, step.args, step.kwargs)
+            job = step.task.get_backend().new_job(step.task, step.args, step.kwargs)
             wanted = len(set(job.depends_on)) + len(edges[index])
             if wanted > protocol.MAX_DEPENDENCIES:
                 raise TooManyDependencies(
@@ -156,7 +144,7 @@ class Workflow:
                     for i in level
                 ]
                 tasks = [steps[i].task for i in level]
-                written = tasks[0].get_backend()._insert(tasks, batch)
+                written = tasks[0].get_backend().enqueue_jobs(tasks, batch)
                 for i, result in zip(level, written, strict=True):
                     results[i] = result
                     ids[i] = protocol_id(result)
@@ -242,4 +230,4 @@ def fan_in(parts: Iterable[Step | Workflow], then: Step | Workflow) -> Workflow:
     return chain(group(*parts), then)
 
 
-__all__ = ["Step", "Workflow", "WorkflowResult", "chain", "fan_in", "group"]
+__all__ = ["Workflow", "WorkflowResult", "chain", "fan_in", "group"]

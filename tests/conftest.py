@@ -2,6 +2,7 @@ import subprocess
 
 import pytest
 from django.conf import settings
+from django.db import connection
 
 from django_conveyor.conf import conveyor_settings
 from django_conveyor.models import Job
@@ -15,6 +16,13 @@ pytest_plugins = ["django_conveyor.testing"]  # The `conveyor` fixture, as a pro
 def _fresh_task_caches():
     clear_task_caches()
     yield
+
+
+@pytest.fixture
+def cur():
+    """A cursor of the test database's Django connection, for running statements directly."""
+    with connection.cursor() as cursor:
+        yield cursor
 
 
 @pytest.fixture

@@ -4,8 +4,8 @@ import factory
 from django.utils import timezone
 from django.utils import timezone as dj_timezone
 
-from django_conveyor.cronexpr import Schedule
 from django_conveyor.models import Cron, Job, LedgerEntry
+from django_conveyor.periodic.expressions import Timing
 
 
 class JobFactory(factory.django.DjangoModelFactory):
@@ -125,5 +125,5 @@ class CronFactory(factory.django.DjangoModelFactory):
     missed = "latest"
     created = factory.LazyFunction(dj_timezone.now)
     next_tick_at = factory.LazyAttribute(
-        lambda o: Schedule(o.schedule, o.timezone).next_after(o.created)
+        lambda o: Timing(o.schedule, o.timezone).next_after(o.created)
     )

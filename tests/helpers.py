@@ -18,10 +18,11 @@ from django.db import connection, connections
 from psycopg.conninfo import make_conninfo
 
 from django_conveyor.conf import conveyor_settings
-from django_conveyor.dbconn import connection_params
 from django_conveyor.models import Job
 from django_conveyor.tasks import resolve_task
-from django_conveyor.worker import Worker, WorkerOptions
+from django_conveyor.worker.config import WorkerOptions
+from django_conveyor.worker.connections import connection_params
+from django_conveyor.worker.loop import Worker
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -15,7 +15,7 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
-from django_conveyor import operations, stats
+from django_conveyor import operations, queue_counts
 from django_conveyor.admin import base
 from django_conveyor.models import Job, Queue, Worker
 from tests.factories import JobFactory, LedgerEntryFactory
@@ -354,7 +354,7 @@ class TestDashboard:
         assert 'data-stat="ready">3<' in body
 
     def test_dead_letters_past_the_exact_limit_are_estimates_and_say_so(self, staff, monkeypatch):
-        monkeypatch.setattr(stats, "EXACT_BELOW", 2)
+        monkeypatch.setattr(queue_counts, "EXACT_BELOW", 2)
         JobFactory.create_batch(5, queue="default", dead=True)
         JobFactory(queue="default", failed=True)
         connection.cursor().execute("ANALYZE conveyor_job")
@@ -476,10 +476,10 @@ class TestAtScale:
 
 
 def test_api_keys_are_listed_without_their_hash_and_can_be_revoked(staff):
-    from django_conveyor import apikeys
+    from django_conveyor.api import keys
     from django_conveyor.models import ApiKey
 
-    key, raw = apikeys.create("billing", ["enqueue"])
+    key, raw = keys.create("billing", ["enqueue"])
     page = staff.get(reverse("admin:conveyor_apikey_changelist")).content.decode()
     assert "billing" in page and key.prefix in page and key.secret_hash not in page
     detail = staff.get(reverse("admin:conveyor_apikey_change", args=[key.pk])).content.decode()
@@ -489,4 +489,4 @@ def test_api_keys_are_listed_without_their_hash_and_can_be_revoked(staff):
         {"action": "revoke_api_keys", "_selected_action": [key.pk]},
     )
     assert ApiKey.objects.get().revoked_at is not None
-    assert apikeys.authenticate(raw) is None
+    assert keys.authenticate(raw) is None

@@ -12,7 +12,7 @@ import pytest
 from django.contrib.auth.models import Permission, User
 from django.test import Client, override_settings
 
-from django_conveyor import apikeys
+from django_conveyor.api import keys
 from django_conveyor.api.errors import BodyTooLarge, LimitedJSONParser
 from django_conveyor.models import ApiKey, Job, Queue
 from tests.factories import JobFactory
@@ -25,7 +25,7 @@ ADD = "tests.testapp.tasks.add"
 
 
 def key_for(*scopes: str, name: str = "svc") -> str:
-    return apikeys.create(name, scopes)[1]
+    return keys.create(name, scopes)[1]
 
 
 def auth(raw: str) -> dict[str, str]:
@@ -229,7 +229,7 @@ class TestAuthentication:
 
     def test_401_with_an_unknown_revoked_or_malformed_key(self, client):
         raw = key_for("read")
-        apikeys.revoke("svc")
+        keys.revoke("svc")
         for header in [f"Bearer {raw}", "Bearer cvk_aaaaaaaa_" + "x" * 43, "Bearer nope", raw]:
             assert client.get(JOBS, HTTP_AUTHORIZATION=header).status_code == 401
 
@@ -294,7 +294,7 @@ class TestAuthentication:
         raw = key_for("enqueue", "read")
         row = ApiKey.objects.values().get()
         assert raw not in json.dumps(row, default=str)
-        assert row["secret_hash"] == apikeys.hash_key(raw) and len(row["secret_hash"]) == 64
+        assert row["secret_hash"] == keys.hash_key(raw) and len(row["secret_hash"]) == 64
         assert raw.startswith(f"cvk_{row['prefix']}_")
         with caplog.at_level("DEBUG"), override_settings(DEBUG=True):
             client.get(JOBS, **auth(raw))

@@ -12,7 +12,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.test import override_settings
 
-from django_conveyor import apikeys
+from django_conveyor.api import keys
 from django_conveyor.api.checks import check_api_settings
 from django_conveyor.checks import check_settings
 from django_conveyor.models import ApiKey, Job
@@ -30,9 +30,9 @@ def test_create_prints_the_key_once_and_stores_its_hash(capsys):
     assert raw.startswith(f"cvk_{key.prefix}_") and len(raw) > 50
     assert "shown once" in err and raw not in err
     assert (key.name, key.scopes, key.secret_hash) == (
-        "billing", ["enqueue", "read"], apikeys.hash_key(raw)
+        "billing", ["enqueue", "read"], keys.hash_key(raw)
     )  # fmt: skip
-    assert apikeys.authenticate(raw) == key
+    assert keys.authenticate(raw) == key
 
     call_command("conveyor_api_key", "list")
     listed = capsys.readouterr().out
@@ -40,17 +40,17 @@ def test_create_prints_the_key_once_and_stores_its_hash(capsys):
 
     call_command("conveyor_api_key", "revoke", "billing")
     assert "Revoked API key 'billing'" in capsys.readouterr().out
-    assert apikeys.authenticate(raw) is None
+    assert keys.authenticate(raw) is None
     with pytest.raises(CommandError, match="No live API key"):
         call_command("conveyor_api_key", "revoke", "billing")
 
 
 def test_revoke_by_prefix_and_reuse_a_name_after_revoking(capsys):
-    key, _ = apikeys.create("svc", ["read"])
+    key, _ = keys.create("svc", ["read"])
     call_command("conveyor_api_key", "revoke", key.prefix)
-    apikeys.create("svc", ["read"])  # a revoked key frees its name
+    keys.create("svc", ["read"])  # a revoked key frees its name
     with pytest.raises(ValueError, match="A live key named 'svc' exists"):
-        apikeys.create("svc", ["read"])
+        keys.create("svc", ["read"])
 
 
 @pytest.mark.parametrize(
@@ -116,7 +116,7 @@ WITHOUT_EXTRAS = textwrap.dedent(
     sys.meta_path.insert(0, Missing())
     import django
     django.setup()
-    import django_conveyor.admin, django_conveyor.backend, django_conveyor.apikeys
+    import django_conveyor.admin, django_conveyor.backend, django_conveyor.api.keys
     from django.core.management import call_command
     # The worker ends with sys.exit(0): report what was imported on the way out.
     loaded = lambda: [m for m in sys.modules if m.split(".")[0] in OPTIONAL]

@@ -1,10 +1,10 @@
-"""backoff.py: the job retry delay and the ladders of reconnect and restart delays."""
+"""worker/backoff.py: the job retry delay and the ladders of reconnect and restart delays."""
 
 import random
 
 from django.test import override_settings
 
-from django_conveyor import backoff
+from django_conveyor.worker import backoff
 from tests.testapp import tasks
 
 

@@ -4,7 +4,8 @@ import signal
 
 import pytest
 
-from django_conveyor import apikeys, operations
+from django_conveyor import operations
+from django_conveyor.api import keys
 from django_conveyor.models import Job, Worker
 from tests.helpers import kill_group, start_worker, stop_process, wait_until
 from tests.testapp import tasks
@@ -54,7 +55,7 @@ def test_the_api_cancels_a_running_job_of_a_real_worker(worker, client):
     job_id = int(tasks.cancellable.enqueue(60).id)
     proc = worker()
     wait_until(lambda: running(job_id))
-    key = apikeys.create("ops-bot", ["operate"])[1]
+    key = keys.create("ops-bot", ["operate"])[1]
     response = client.post(
         f"/conveyor/api/jobs/{job_id}/cancel", HTTP_AUTHORIZATION=f"Bearer {key}"
     )

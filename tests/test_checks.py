@@ -6,7 +6,7 @@ import pytest
 from django.core import checks
 from django.test import override_settings
 
-from django_conveyor import conf
+from django_conveyor import bounds, conf
 from django_conveyor.checks import check_database, check_settings
 from django_conveyor.exceptions import ConveyorConfigurationError
 from tests.helpers import REPO
@@ -108,7 +108,7 @@ def test_every_duration_refuses_nan_with_e004(setting):
     assert msg.endswith("not nan.")
 
 
-@pytest.mark.parametrize("value", [float("inf"), 1e300, conf.MAX_SECONDS + 1])
+@pytest.mark.parametrize("value", [float("inf"), 1e300, bounds.MAX_SECONDS + 1])
 @pytest.mark.parametrize("setting", [s for s in NUMBERS if float in s.types], ids=lambda s: s.name)
 def test_every_duration_refuses_what_postgresql_cannot_add_to_now(setting, value):
     assert messages_by_id({setting.name: value}) == [
@@ -128,7 +128,7 @@ def test_every_duration_refuses_what_postgresql_cannot_add_to_now(setting, value
 def test_maximums_are_declared():
     maximums = {s.name: s.maximum for s in DECLARED if s.maximum is not None}
     seconds = {s.name for s in NUMBERS if float in s.types}
-    assert maximums == dict.fromkeys(seconds, conf.MAX_SECONDS) | {
+    assert maximums == dict.fromkeys(seconds, bounds.MAX_SECONDS) | {
         "MAX_ATTEMPTS": 2**31 - 1,
         "PREFETCH": 2**31 - 1,
     }

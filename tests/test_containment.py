@@ -14,8 +14,8 @@ import pytest
 from django.db.models import Count
 from django.utils import timezone
 
-from django_conveyor.dbconn import connect
 from django_conveyor.models import Job
+from django_conveyor.worker.connections import connect
 from tests.helpers import start_logged_worker as worker
 from tests.helpers import stop_process, wait_until
 from tests.testapp import hostile, tasks

@@ -8,8 +8,8 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.urls import reverse
 
-from django_conveyor import schedules
 from django_conveyor.models import Cron, Job
+from django_conveyor.periodic import schedules
 from tests.factories import CronFactory, JobFactory
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "shard"])

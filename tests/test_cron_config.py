@@ -6,9 +6,9 @@ import pytest
 from django.core import checks
 from django.test import override_settings
 
-from django_conveyor import cronexpr, schedules
 from django_conveyor.checks import check_cron
 from django_conveyor.models import Cron
+from django_conveyor.periodic import expressions, schedules
 from tests.helpers import run_burst
 
 TASK = "tests.testapp.tasks.nightly_report"
@@ -127,9 +127,9 @@ def test_cron_that_is_not_a_dict_is_a_settings_error():
 
 def test_schedules_without_cronsim_are_one_clear_error(monkeypatch):
     def missing():
-        raise cronexpr.CronNotInstalled("no cronsim")
+        raise expressions.CronNotInstalled("no cronsim")
 
-    monkeypatch.setattr(cronexpr, "_cronsim", missing)
+    monkeypatch.setattr(expressions, "_cronsim", missing)
     assert cron_errors({"nightly": GOOD}) == [
         (
             "conveyor.E100",
@@ -158,7 +158,7 @@ class TestSettingsSync:
             True, True, "0 3 * * *", "emails", 5
         )  # fmt: skip
         first_next = row.next_tick_at
-        assert first_next.astimezone(cronexpr.zone("Europe/Berlin")).hour == 3
+        assert first_next.astimezone(expressions.zone("Europe/Berlin")).hour == 3
 
         self.start({"nightly": {**GOOD, "kwargs": {"full": True}}})
         row.refresh_from_db()
@@ -167,7 +167,7 @@ class TestSettingsSync:
         self.start({"nightly": {**GOOD, "schedule": "30 4 * * *"}})
         row.refresh_from_db()
         assert row.schedule == "30 4 * * *"
-        assert row.next_tick_at.astimezone(cronexpr.zone("Europe/Berlin")).minute == 30
+        assert row.next_tick_at.astimezone(expressions.zone("Europe/Berlin")).minute == 30
 
         Cron.objects.filter(pk=row.pk).update(last_tick_at=first_next, last_job_id=42)
         self.start({})

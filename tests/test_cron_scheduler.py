@@ -8,11 +8,13 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from django.db import connection, transaction
 
-from django_conveyor import protocol, scheduler
-from django_conveyor.cronexpr import Schedule
-from django_conveyor.dbconn import connect
+from django_conveyor import protocol
 from django_conveyor.models import Cron, Job
-from django_conveyor.schedules import tick_job
+from django_conveyor.periodic import ticks
+from django_conveyor.periodic.expressions import Timing
+from django_conveyor.periodic.schedules import tick_job
+from django_conveyor.worker.connections import connect
+from django_conveyor.worker.services.scheduler import SchedulerService
 from tests.factories import CronFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -24,9 +26,9 @@ def at(text: str) -> datetime:
     return datetime.fromisoformat(text).astimezone(UTC)
 
 
-def run(now: datetime) -> scheduler.Counts:
+def run(now: datetime) -> ticks.Counts:
     with connection.cursor() as cursor:
-        return scheduler.run_once(cursor, now)
+        return ticks.run_once(cursor, now)
 
 
 def tick_keys(name: str) -> list[str]:
@@ -154,7 +156,7 @@ class TestRunOnce:
         for _ in range(3):
             CronFactory(created=T0)
         with connection.cursor() as cursor:
-            counts = scheduler.run_once(cursor, T0 + timedelta(minutes=1), limit=2)
+            counts = ticks.run_once(cursor, T0 + timedelta(minutes=1), limit=2)
         assert (counts.due, counts.more) == (2, True)
 
     def test_the_job_takes_the_task_defaults_and_the_rows_arguments(self):
@@ -200,7 +202,7 @@ class TestMissedTicksAfterA3DayOutage:
 
     def test_all_is_capped_to_the_latest_ticks(self):
         cron = self.outage("all", schedule="* * * * *")  # 4,320 minutes, 2 on time.
-        assert run(self.RESUME).enqueued == scheduler.BACKFILL_LIMIT + 2
+        assert run(self.RESUME).enqueued == ticks.BACKFILL_LIMIT + 2
         keys = tick_keys(cron.name)
         assert keys[1] == "2026-06-04T11:49:00Z"  # the latest 100 missed ones...
         assert keys[-3:] == [f"2026-06-04T13:{m}:00Z" for m in (28, 29, 30)]  # ...and on time
@@ -268,9 +270,9 @@ def test_dst_transitions_run_each_daily_time_exactly_once(zone, start, expected)
                     timezone=zone, created=begin)  # fmt: skip
     # Passes every 5 minutes, and at each tick, for four days across the change.
     simulate(begin, begin + timedelta(days=4), step=timedelta(minutes=5))
-    for expression, ticks in expected.items():
+    for expression, instants in expected.items():
         name = expression.replace(" ", "_").replace("*", "x")
-        assert tick_keys(name) == [f"2026-{t}:00Z" for t in ticks], expression
+        assert tick_keys(name) == [f"2026-{t}:00Z" for t in instants], expression
 
 
 def test_two_schedulers_racing_the_same_passes_write_one_job_per_tick():
@@ -278,7 +280,7 @@ def test_two_schedulers_racing_the_same_passes_write_one_job_per_tick():
         CronFactory(name=f"race-{n}", schedule="* * * * * *", created=T0)  # every second
     instants = [T0 + timedelta(seconds=s, milliseconds=500) for s in range(1, 31)]
     barrier = threading.Barrier(2)
-    totals: list[scheduler.Counts] = []
+    totals: list[ticks.Counts] = []
 
     def scheduler_thread():
         conn = connect("default")
@@ -286,7 +288,7 @@ def test_two_schedulers_racing_the_same_passes_write_one_job_per_tick():
             for now in instants:
                 barrier.wait()
                 with conn.cursor() as cursor:
-                    totals.append(scheduler.run_once(cursor, now))
+                    totals.append(ticks.run_once(cursor, now))
         finally:
             conn.close()
 
@@ -304,9 +306,9 @@ def test_two_schedulers_racing_the_same_passes_write_one_job_per_tick():
 
 
 def test_the_service_sleeps_until_the_next_tick_or_one_interval():
-    service = scheduler.SchedulerService()
+    service = SchedulerService()
     with connection.cursor() as cursor:
-        db_now = scheduler.database_now(cursor)
+        db_now = ticks.database_now(cursor)
         CronFactory(schedule="0 0 1 1 *", created=db_now)  # next year
         service.run_once(cursor)
         assert service.interval - 0.1 < service.seconds_until_due(time.monotonic()) <= 1.0
@@ -314,7 +316,7 @@ def test_the_service_sleeps_until_the_next_tick_or_one_interval():
         Cron.objects.filter(pk=soon.pk).update(next_tick_at=db_now + timedelta(seconds=30.2))
         service.run_once(cursor)  # a pass well before the tick...
         Cron.objects.filter(pk=soon.pk).update(
-            next_tick_at=scheduler.database_now(cursor) + timedelta(milliseconds=200)
+            next_tick_at=ticks.database_now(cursor) + timedelta(milliseconds=200)
         )
         service.run_once(cursor)  # ...and one 0.2 s before it: it wakes for the tick.
         assert service.seconds_until_due(time.monotonic()) < 0.25
@@ -329,7 +331,7 @@ def test_forward_and_backward_ticks_agree_across_dst():
             "0 */2 * * *",
             "*/20 * * * *",
         ):
-            timing = Schedule(expression, zone)
+            timing = Timing(expression, zone)
             begin, end = at("2026-03-01T00:00Z"), at("2026-11-30T00:00Z")
             forward = []
             for tick in timing.ticks_after(begin - timedelta(microseconds=1)):
@@ -347,11 +349,11 @@ def test_a_tick_postgresql_refuses_stops_its_schedule_not_the_pass(monkeypatch):
         job = tick_job(row)
         return dataclasses.replace(job, max_attempts=0) if row.name == "bad" else job
 
-    monkeypatch.setattr(scheduler, "tick_job", refused_for_bad)
+    monkeypatch.setattr(ticks, "tick_job", refused_for_bad)
     conn = connect("default")  # autocommit, as in a worker
     try:
         with conn.cursor() as cursor:
-            counts = scheduler.run_once(cursor, T0 + timedelta(minutes=1))
+            counts = ticks.run_once(cursor, T0 + timedelta(minutes=1))
     finally:
         conn.close()
     assert (counts.enqueued, counts.stopped) == (1, 1)

@@ -11,9 +11,11 @@ from pathlib import Path
 import pytest
 from django.db import connection
 
-from django_conveyor import claims, protocol, reporting, shutdown, testing
-from django_conveyor.reaper import Reaper
-from django_conveyor.services import Now
+from django_conveyor import protocol, testing
+from django_conveyor.worker import claims, shutdown
+from django_conveyor.worker.handlers import reporting
+from django_conveyor.worker.services.base import Now
+from django_conveyor.worker.services.reaper import Reaper
 from tests.helpers import REPO
 from tests.testapp import tasks
 

@@ -12,10 +12,10 @@ from django_conveyor.compat import (
     TaskResultStatus,
     task_backends,
 )
-from django_conveyor.dbconn import connect
 from django_conveyor.exceptions import ArgumentsNotSerializable, IdempotencyKeyReused
 from django_conveyor.models import Job
 from django_conveyor.tasks import task
+from django_conveyor.worker.connections import connect
 from tests.factories import JobFactory
 from tests.helpers import direct_dsn, run_burst
 from tests.testapp import tasks
@@ -173,7 +173,7 @@ class TestOrdering:
         result = tasks.add.using(run_after=later).enqueue(1, 1)
         tasks.add.enqueue(2, 2)
         worker = run_burst()
-        assert worker.stats.counts["completed"] == 1
+        assert worker.counters.counts["completed"] == 1
         assert Job.objects.get(pk=result.id).state == "available"
 
     def test_naive_run_after_is_refused(self):

@@ -131,15 +131,15 @@ def test_timeout_retries_under_the_fence_and_frees_nothing_early():
     row = job(result)
     assert row.state == "dead"  # max_attempts=1
     assert row.errors[0]["exception_class_path"] == "builtins.TimeoutError"
-    assert worker.stats.counts["timed_out"] == 1
-    assert worker.stats.counts["completed"] == 0
+    assert worker.counters.counts["timed_out"] == 1
+    assert worker.counters.counts["completed"] == 0
 
 
 def test_paused_queue_is_not_claimed_until_resumed():
     result = tasks.send_email.enqueue("x@example.com")
     operations.pause(["emails"])
     worker = run_burst()
-    assert worker.stats.counts["claimed"] == 0
+    assert worker.counters.counts["claimed"] == 0
     assert job(result).state == "available"
     operations.resume(["emails"])
     run_burst()
@@ -168,7 +168,8 @@ def test_cancel_only_before_start():
 
 def test_lease_lost_is_told_to_the_handler_and_its_outcome_is_not_written():
     """A job taken back from under a running handler: the handler learns it."""
-    from django_conveyor.worker import Worker, WorkerOptions
+    from django_conveyor.worker.config import WorkerOptions
+    from django_conveyor.worker.loop import Worker
 
     result = tasks.sleeper.enqueue(10)
     worker = Worker(
@@ -191,9 +192,9 @@ def test_lease_lost_is_told_to_the_handler_and_its_outcome_is_not_written():
     assert [r.id for r in reaped] == [int(result.id)]
     thread.join(15)
     assert not thread.is_alive()
-    assert worker.stats.counts["leases_lost"] == 1
-    assert worker.stats.counts["stale_outcomes"] == 1  # the sleeper stopped early
-    assert worker.stats.counts["completed"] == 0
+    assert worker.counters.counts["leases_lost"] == 1
+    assert worker.counters.counts["stale_outcomes"] == 1  # the sleeper stopped early
+    assert worker.counters.counts["completed"] == 0
     row = job(result)
     assert (row.state, row.attempt) == ("available", 1)
     assert row.errors[0]["exception_class_path"] == "django_conveyor.exceptions.LeaseLost"

@@ -13,11 +13,12 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from django_conveyor import outcomes, protocol
+from django_conveyor import protocol
 from django_conveyor.backend import ConveyorBackend
-from django_conveyor.conf import MAX_SECONDS
+from django_conveyor.bounds import MAX_SECONDS
 from django_conveyor.models import Job
 from django_conveyor.serialization import REPLACED_NOTE
+from django_conveyor.worker import attempts, outcomes
 from tests import unchecked
 from tests.helpers import REPO, run_burst, worker_env
 from tests.testapp import tasks
@@ -150,7 +151,7 @@ def test_a_failure_postgresql_refuses_too_is_left_to_its_lease(monkeypatch):
     fine = tasks.add.enqueue(1, 1)
 
     def unstorable_failure(outcome, refusal):
-        return outcomes.Outcome(outcomes.FAIL, outcome.held, error={"traceback": "\x00"})
+        return attempts.Outcome(attempts.FAIL, outcome.attempt, error={"traceback": "\x00"})
 
     monkeypatch.setattr(outcomes, "refused_outcome", unstorable_failure)
     worker = run_burst()
@@ -158,6 +159,6 @@ def test_a_failure_postgresql_refuses_too_is_left_to_its_lease(monkeypatch):
     # Not written, not held: its lease expires and the reaper takes the job back.
     row = Job.objects.get(pk=poisoned.id)
     assert (row.state, row.lease_owner) == ("running", worker.worker_id)
-    assert poisoned.id not in worker.leases.held
-    assert worker.stats.counts["outcomes_refused"] == 1
+    assert poisoned.id not in worker.holdings.held
+    assert worker.counters.counts["outcomes_refused"] == 1
     assert Job.objects.get(pk=fine.id).state == "completed"

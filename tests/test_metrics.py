@@ -10,7 +10,8 @@ from django.test import override_settings
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
-from django_conveyor import apikeys, stats
+from django_conveyor import queue_counts
+from django_conveyor.api import keys
 from django_conveyor.models import Job
 from tests.factories import JobFactory
 from tests.helpers import run_burst, wait_until
@@ -33,7 +34,7 @@ def scrape(client, **extra) -> dict[tuple[str, tuple[tuple[str, str], ...]], flo
 
 
 def metrics_key() -> dict[str, str]:
-    return {"HTTP_AUTHORIZATION": f"Bearer {apikeys.create('prometheus', ['metrics'])[1]}"}
+    return {"HTTP_AUTHORIZATION": f"Bearer {keys.create('prometheus', ['metrics'])[1]}"}
 
 
 def value(samples, name, **labels) -> float:
@@ -90,8 +91,8 @@ def test_finished_counts_turn_into_estimates_above_the_bound(client, monkeypatch
     JobFactory.create_batch(3, dead=True)
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE conveyor_job")
-    monkeypatch.setattr(stats, "EXACT_BELOW", 10)
-    default = stats.snapshot()["default"]
+    monkeypatch.setattr(queue_counts, "EXACT_BELOW", 10)
+    default = queue_counts.snapshot()["default"]
     assert default.estimated == {"completed"}
     assert 20 <= default.jobs["completed"] <= 40  # the planner's figure, close to 30
     assert default.jobs["dead"] == 3  # under the bound: exact
@@ -100,7 +101,7 @@ def test_finished_counts_turn_into_estimates_above_the_bound(client, monkeypatch
 def test_401_403_and_the_address_allow_list(client):
     assert client.get(METRICS).status_code == 401
     assert client.get(METRICS, HTTP_AUTHORIZATION="Bearer nope").status_code == 401
-    reader = apikeys.create("reader", ["read"])[1]
+    reader = keys.create("reader", ["read"])[1]
     assert client.get(METRICS, HTTP_AUTHORIZATION=f"Bearer {reader}").status_code == 403
     with override_settings(CONVEYOR={"METRICS_ALLOWED_ADDRESSES": ["127.0.0.0/8"]}):
         assert client.get(METRICS).status_code == 200  # the test client is 127.0.0.1

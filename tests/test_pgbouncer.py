@@ -21,8 +21,8 @@ import pytest
 from django.conf import settings
 from django.db import connection
 
-from django_conveyor.dbconn import connection_params
 from django_conveyor.models import Job
+from django_conveyor.worker.connections import connection_params
 from tests.helpers import REPO, kill_group, stop_process, wait_until, worker_env
 from tests.pgbouncer.bouncer import POOL_MODE, session_state_errors
 from tests.testapp import tasks

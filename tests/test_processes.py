@@ -12,7 +12,7 @@ import pytest
 from django.db.models import Count
 
 from django_conveyor.models import Job, LedgerEntry
-from django_conveyor.shutdown import REPEAT_GRACE_SECONDS
+from django_conveyor.worker.shutdown import REPEAT_GRACE_SECONDS
 from tests.helpers import REPO, stop_process, wait_until, worker_env
 from tests.helpers import start_logged_worker as worker
 from tests.testapp import tasks

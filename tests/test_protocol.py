@@ -9,25 +9,19 @@ import datetime as dt
 
 import psycopg
 import pytest
-from django.db import connection, transaction
+from django.db import transaction
 from django.utils import timezone
 
 from django_conveyor import protocol
-from django_conveyor.dbconn import connect
 from django_conveyor.models import Job
 from django_conveyor.operations import pause
+from django_conveyor.worker.connections import connect
 from tests.factories import JobFactory
 from tests.helpers import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 OWNER = "worker-a"
-
-
-@pytest.fixture
-def cur():
-    with connection.cursor() as cursor:
-        yield cursor
 
 
 def row(job) -> Job:
@@ -134,7 +128,7 @@ class TestHeartbeat:
 
     def test_a_row_locked_by_another_transaction_is_held_not_lost(self, cur):
         mine, other = JobFactory(running=True), JobFactory(running=True)
-        from django_conveyor.dbconn import connect
+        from django_conveyor.worker.connections import connect
 
         with connect("default") as claimer, claimer.transaction():
             # What a concurrent CLAIM leaves behind on a row it looked at and let go.
@@ -147,7 +141,7 @@ class TestHeartbeat:
 
     def test_a_locked_row_of_another_token_is_lost(self, cur):
         theirs = JobFactory(running=True, lease_version=2)
-        from django_conveyor.dbconn import connect
+        from django_conveyor.worker.connections import connect
 
         with connect("default") as claimer, claimer.transaction():
             claimer.execute("SELECT 1 FROM conveyor_job WHERE id = %s FOR UPDATE", [theirs.id])

@@ -35,8 +35,8 @@ from hypothesis.stateful import (
 )
 
 from django_conveyor import protocol
-from django_conveyor.dbconn import connect
 from django_conveyor.states import JobState
+from django_conveyor.worker.connections import connect
 
 WORKERS = ("w0", "w1", "w2")
 QUEUE = "default"

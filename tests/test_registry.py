@@ -3,19 +3,12 @@
 import datetime as dt
 
 import pytest
-from django.db import connection
 from django.utils import timezone
 
-from django_conveyor import registry
 from django_conveyor.models import Worker
+from django_conveyor.worker.services import registry
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@pytest.fixture
-def cur():
-    with connection.cursor() as cursor:
-        yield cursor
 
 
 def make(worker_id="host:1:abc", leases=0):

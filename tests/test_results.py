@@ -146,7 +146,7 @@ def test_task_finished_is_sent_after_the_outcome_committed(received):
 def test_a_refused_outcome_sends_no_task_finished(received):
     tasks.GATE.clear()
     result = tasks.gated.enqueue("late")
-    worker = threading.Thread(target=lambda: stats.append(run_burst().stats.counts))
+    worker = threading.Thread(target=lambda: stats.append(run_burst().counters.counts))
     stats: list[dict] = []
     worker.start()
     try:

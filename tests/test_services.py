@@ -15,17 +15,18 @@ import psycopg
 import pytest
 from django.utils import timezone
 
-from django_conveyor import outcomes, protocol
-from django_conveyor.claims import Claimer
-from django_conveyor.dbconn import connect
-from django_conveyor.heartbeat import Heartbeat, HeartbeatCounts, interval_for
-from django_conveyor.instrument import Instrument, Stats
-from django_conveyor.leases import HeldLease, Leases
+from django_conveyor import protocol
 from django_conveyor.models import Job
-from django_conveyor.outcomes import Outcome
-from django_conveyor.reaper import ReapCounts, Reaper
-from django_conveyor.services import Now, Schedule
-from django_conveyor.timeouts import TimeoutCounts, Timeouts
+from django_conveyor.worker import attempts
+from django_conveyor.worker.attempts import Attempt, Outcome
+from django_conveyor.worker.claims import Claimer
+from django_conveyor.worker.connections import connect
+from django_conveyor.worker.holdings import Holdings
+from django_conveyor.worker.instrument import Counters, Instrument
+from django_conveyor.worker.services.base import Now, Timetable
+from django_conveyor.worker.services.heartbeat import Heartbeat, HeartbeatCounts, interval_for
+from django_conveyor.worker.services.reaper import ReapCounts, Reaper
+from django_conveyor.worker.services.timeouts import TimeoutCounts, Timeouts
 from tests.factories import JobFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -66,79 +67,79 @@ def recorder():
 
 
 @pytest.fixture
-def leases(recorder):
-    return Leases(OWNER, "default", Stats(), recorder)
+def holdings(recorder):
+    return Holdings(OWNER, "default", Counters(), recorder)
 
 
-def claim(conn, leases, n=10) -> list[HeldLease]:
+def claim(conn, holdings, n=10) -> list[Attempt]:
     with conn.cursor() as cur:
         claimed = protocol.claim(cur, owner=OWNER, queues=["default"], limit=n, lease_seconds=30)
-    return leases.take(claimed)
+    return holdings.take(claimed)
 
 
-def row(held: HeldLease) -> Job:
+def row(held: Attempt) -> Job:
     return Job.objects.get(pk=held.lease.id)
 
 
-def cycle(conn, leases) -> None:
+def cycle(conn, holdings) -> None:
     """What the worker's cycle does with the outcomes (without claiming)."""
-    leases.collect()
+    holdings.collect()
     with conn.transaction(), conn.cursor() as cur:
-        written = leases.write(cur)
-    leases.settle(written)
+        written = holdings.write(cur)
+    holdings.settle(written)
 
 
 class TestHeartbeat:
-    def test_renews_every_held_lease_and_counts_them(self, conn, leases):
+    def test_renews_every_held_lease_and_counts_them(self, conn, holdings):
         JobFactory.create_batch(3)
-        held = claim(conn, leases)
+        held = claim(conn, holdings)
         Job.objects.update(lease_expires_at=timezone.now() + dt.timedelta(seconds=5))
-        beat = Heartbeat(leases, lease_seconds=120)
+        beat = Heartbeat(holdings, lease_seconds=120)
         with conn.cursor() as cur:
             assert beat.run_once(cur, T0) == HeartbeatCounts(renewed=3, leases_lost=0)
         soon = timezone.now() + dt.timedelta(seconds=100)
         assert all(row(h).lease_expires_at > soon for h in held)
-        assert set(leases.held) == {h.lease.id for h in held}
+        assert set(holdings.held) == {h.lease.id for h in held}
 
-    def test_a_lease_taken_by_another_token_is_lost_and_told(self, conn, leases, recorder):
+    def test_a_lease_taken_by_another_token_is_lost_and_told(self, conn, holdings, recorder):
         JobFactory.create_batch(2)
-        mine, taken = claim(conn, leases)
+        mine, taken = claim(conn, holdings)
         Job.objects.filter(pk=taken.lease.id).update(lease_version=99, lease_owner="worker-z")
         with conn.cursor() as cur:
-            counts = Heartbeat(leases, lease_seconds=30).run_once(cur, T0)
+            counts = Heartbeat(holdings, lease_seconds=30).run_once(cur, T0)
         assert counts == HeartbeatCounts(renewed=1, leases_lost=1)
-        assert set(leases.held) == {mine.lease.id}
+        assert set(holdings.held) == {mine.lease.id}
         assert taken.lost and not mine.lost
         assert recorder.events[-1] == ("lost", taken.lease.id, "heartbeat found the lease gone")
 
-    def test_a_job_in_its_guarded_block_is_not_lost(self, conn, leases):
+    def test_a_job_in_its_guarded_block_is_not_lost(self, conn, holdings):
         JobFactory()
-        [held] = claim(conn, leases)
+        [held] = claim(conn, holdings)
         held.in_atomic = True
         with connect("default") as other, other.transaction():  # The handler's row lock.
             other.execute("SELECT 1 FROM conveyor_job WHERE id = %s FOR UPDATE", [held.lease.id])
             with conn.cursor() as cur:
-                counts = Heartbeat(leases, lease_seconds=30).run_once(cur, T0)
+                counts = Heartbeat(holdings, lease_seconds=30).run_once(cur, T0)
         assert counts == HeartbeatCounts(renewed=0, leases_lost=0)
-        assert leases.held == {held.lease.id: held}
+        assert holdings.held == {held.lease.id: held}
 
-    def test_a_row_another_claim_has_locked_is_not_lost(self, conn, leases, recorder):
+    def test_a_row_another_claim_has_locked_is_not_lost(self, conn, holdings, recorder):
         """A concurrent CLAIM keeps its lock on a row it rejected until it commits."""
         JobFactory.create_batch(2)
-        locked, free = claim(conn, leases)
+        locked, free = claim(conn, holdings)
         with connect("default") as other, other.transaction():
             other.execute("SELECT 1 FROM conveyor_job WHERE id = %s FOR UPDATE", [locked.lease.id])
             with conn.cursor() as cur:
-                counts = Heartbeat(leases, lease_seconds=30).run_once(cur, T0)
+                counts = Heartbeat(holdings, lease_seconds=30).run_once(cur, T0)
         assert counts == HeartbeatCounts(renewed=1, leases_lost=0)
-        assert set(leases.held) == {locked.lease.id, free.lease.id}
+        assert set(holdings.held) == {locked.lease.id, free.lease.id}
         assert not locked.lost and not any(e[0] == "lost" for e in recorder.events)
-        leases.report(Outcome(outcomes.COMPLETE, locked, return_value="done"))
-        cycle(conn, leases)
+        holdings.report(Outcome(attempts.COMPLETE, locked, return_value="done"))
+        cycle(conn, holdings)
         assert (row(locked).state, row(locked).return_value) == ("completed", "done")
 
-    def test_nothing_held_sends_nothing(self, leases):
-        assert Heartbeat(leases, lease_seconds=30).run_once(None, T0) == HeartbeatCounts()
+    def test_nothing_held_sends_nothing(self, holdings):
+        assert Heartbeat(holdings, lease_seconds=30).run_once(None, T0) == HeartbeatCounts()
 
     def test_beats_at_most_every_third_of_the_lease(self):
         assert interval_for(30.0, 10.0) == 10.0
@@ -160,14 +161,36 @@ class TestReaper:
             used_up.id: "dead",
         }
 
-    def test_one_pass_takes_at_most_its_batch(self, conn):
+    def test_one_pass_drains_batch_after_batch_until_one_comes_back_short(self, conn, monkeypatch):
         JobFactory.create_batch(5, expired=True)
+        taken = []  # Rows each REAP statement took back.
+        reap = protocol.reap
+        monkeypatch.setattr(
+            protocol, "reap", lambda *a, **kw: taken.append(reap(*a, **kw)) or taken[-1]
+        )
         reaper = Reaper(batch=2)
         with conn.cursor() as cur:
-            assert reaper.run_once(cur, T0) == ReapCounts(reaped=2)
-            assert reaper.run_once(cur, T0) == ReapCounts(reaped=2)
-            assert reaper.run_once(cur, T0) == ReapCounts(reaped=1)
+            assert reaper.run_once(cur, T0) == ReapCounts(reaped=5)
+            assert [len(rows) for rows in taken] == [2, 2, 1]  # One pass, three statements.
             assert reaper.run_once(cur, T0) == ReapCounts()
+        assert set(Job.objects.values_list("state", flat=True)) == {"available"}
+
+    def test_a_full_batch_ends_the_pass_after_max_batches(self, conn):
+        JobFactory.create_batch(5, expired=True)
+        reaper = Reaper(batch=2, max_batches=2)
+        with conn.cursor() as cur:
+            assert reaper.run_once(cur, T0) == ReapCounts(reaped=4)
+            assert Job.objects.filter(state="running").count() == 1  # The next pass's.
+            assert reaper.run_once(cur, T0) == ReapCounts(reaped=1)
+
+    def test_counts_the_jobs_it_cancels(self, conn):
+        asked = JobFactory(
+            expired=True, cancel_requested_at=timezone.now(), cancel_requested_by="ops"
+        )
+        JobFactory(expired=True)
+        with conn.cursor() as cur:
+            assert Reaper().run_once(cur, T0) == ReapCounts(reaped=2, reaped_cancelled=1)
+        assert Job.objects.get(pk=asked.pk).state == "cancelled"
 
     def test_logs_each_job_it_takes_back(self, conn, caplog):
         job = JobFactory(expired=True)
@@ -178,80 +201,80 @@ class TestReaper:
 
 
 class TestTimeouts:
-    def started(self, held: HeldLease, at: float, timeout: float | None) -> None:
+    def started(self, held: Attempt, at: float, timeout: float | None) -> None:
         held.started_at, held.timeout = at, timeout
 
-    def test_an_attempt_past_its_timeout_becomes_a_retry_outcome(self, conn, leases):
+    def test_an_attempt_past_its_timeout_becomes_a_retry_outcome(self, conn, holdings):
         JobFactory.create_batch(4, max_attempts=3)
-        late, on_time, no_timeout, _buffered = claim(conn, leases)
+        late, on_time, no_timeout, _buffered = claim(conn, holdings)
         self.started(late, T0.monotonic - 5.0, 2.0)
         self.started(on_time, T0.monotonic - 1.0, 2.0)
         self.started(no_timeout, T0.monotonic - 500.0, None)
-        assert Timeouts(leases).run_once(None, T0) == TimeoutCounts(timed_out=1)
+        assert Timeouts(holdings).run_once(None, T0) == TimeoutCounts(timed_out=1)
         assert late.lost and late.lost_reason == "timed out after 2s"
-        assert late.lease.id not in leases.held
-        [outcome] = leases.pending.values()
-        assert (outcome.kind, outcome.held) == (outcomes.RETRY, late)
+        assert late.lease.id not in holdings.held
+        [outcome] = holdings.pending.values()
+        assert (outcome.kind, outcome.attempt) == (attempts.RETRY, late)
         assert outcome.error["exception_class_path"] == "builtins.TimeoutError"
         assert row(late).state == "running"  # Nothing written yet: that is the cycle's job.
-        cycle(conn, leases)
+        cycle(conn, holdings)
         after = row(late)
         assert (after.state, after.attempt, after.lease_owner) == ("available", 1, None)
         assert after.errors[0]["exception_class_path"] == "builtins.TimeoutError"
         assert "past its timeout of 2 seconds" in after.errors[0]["traceback"]
-        assert leases.stats.counts["retried"] == 1
+        assert holdings.counters.counts["retried"] == 1
 
-    def test_the_last_attempt_timing_out_is_dead(self, conn, leases):
+    def test_the_last_attempt_timing_out_is_dead(self, conn, holdings):
         JobFactory(max_attempts=1)
-        [held] = claim(conn, leases)
+        [held] = claim(conn, holdings)
         self.started(held, T0.monotonic - 3.0, 1.0)
-        assert Timeouts(leases).run_once(None, T0) == TimeoutCounts(timed_out=1)
-        cycle(conn, leases)
+        assert Timeouts(holdings).run_once(None, T0) == TimeoutCounts(timed_out=1)
+        cycle(conn, holdings)
         assert row(held).state == "dead"
-        assert leases.stats.counts["dead"] == 1
+        assert holdings.counters.counts["dead"] == 1
 
-    def test_an_attempt_in_its_guarded_block_or_finished_is_left_alone(self, conn, leases):
+    def test_an_attempt_in_its_guarded_block_or_finished_is_left_alone(self, conn, holdings):
         JobFactory.create_batch(3)
-        in_block, committed, returned = claim(conn, leases)
+        in_block, committed, returned = claim(conn, holdings)
         for held in (in_block, committed, returned):
             self.started(held, T0.monotonic - 10.0, 1.0)
         in_block.in_atomic = True
         committed.completed_in_atomic = True
         returned.finished_at = T0.monotonic - 0.5  # Its outcome is on its way.
-        assert Timeouts(leases).run_once(None, T0) == TimeoutCounts(timed_out=0)
-        assert leases.pending == {}
+        assert Timeouts(holdings).run_once(None, T0) == TimeoutCounts(timed_out=0)
+        assert holdings.pending == {}
 
-    def test_the_handlers_own_late_outcome_is_stale(self, conn, leases, recorder):
+    def test_the_handlers_own_late_outcome_is_stale(self, conn, holdings, recorder):
         JobFactory()
-        [held] = claim(conn, leases)
+        [held] = claim(conn, holdings)
         self.started(held, T0.monotonic - 3.0, 1.0)
-        Timeouts(leases).run_once(None, T0)
-        leases.report(Outcome(outcomes.COMPLETE, held, return_value=1))
-        cycle(conn, leases)
+        Timeouts(holdings).run_once(None, T0)
+        holdings.report(Outcome(attempts.COMPLETE, held, return_value=1))
+        cycle(conn, holdings)
         assert row(held).state == "available"
-        assert ("refused", outcomes.COMPLETE, held.lease.id) in recorder.events
-        assert leases.stats.counts["stale_outcomes"] == 1
+        assert ("refused", attempts.COMPLETE, held.lease.id) in recorder.events
+        assert holdings.counters.counts["stale_outcomes"] == 1
 
 
 class TestOutcomePath:
-    def test_each_kind_is_written_once_fenced_and_reported(self, conn, leases, recorder):
+    def test_each_kind_is_written_once_fenced_and_reported(self, conn, holdings, recorder):
         JobFactory.create_batch(5)
-        done, failed, snoozed, handed_back, stale = claim(conn, leases)
+        done, failed, snoozed, handed_back, stale = claim(conn, holdings)
         Job.objects.filter(pk=stale.lease.id).update(lease_version=50)
         for held in (done, failed, snoozed, stale):
             held.started_at, held.finished_at = 10.0, 10.25
-        leases.report(Outcome(outcomes.COMPLETE, done, return_value={"ok": 1}))
-        leases.report(Outcome(outcomes.FAIL, failed, error={"exception_class_path": "x.Y"}))
-        leases.report(Outcome(outcomes.SNOOZE, snoozed, delay=60))
-        leases.report(Outcome(outcomes.COMPLETE, stale, return_value=2))
-        leases.collect()
-        assert leases.give_up(handed_back, Outcome(outcomes.RELEASE, handed_back), "test")
-        assert not leases.give_up(done, Outcome(outcomes.RELEASE, done), "test")  # Has one.
-        cycle(conn, leases)
+        holdings.report(Outcome(attempts.COMPLETE, done, return_value={"ok": 1}))
+        holdings.report(Outcome(attempts.FAIL, failed, error={"exception_class_path": "x.Y"}))
+        holdings.report(Outcome(attempts.SNOOZE, snoozed, delay=60))
+        holdings.report(Outcome(attempts.COMPLETE, stale, return_value=2))
+        holdings.collect()
+        assert holdings.give_up(handed_back, Outcome(attempts.RELEASE, handed_back), "test")
+        assert not holdings.give_up(done, Outcome(attempts.RELEASE, done), "test")  # Has one.
+        cycle(conn, holdings)
         states = {h.lease.id: row(h).state for h in (done, failed, snoozed, handed_back, stale)}
         assert list(states.values()) == ["completed", "failed", "available", "available", "running"]
         assert row(handed_back).attempt == 0  # A hand-back gives the attempt back.
-        assert dict(leases.stats.counts) == {
+        assert dict(holdings.counters.counts) == {
             "claimed": 5,
             "completed": 1,
             "failed": 1,
@@ -260,14 +283,14 @@ class TestOutcomePath:
             "stale_outcomes": 1,
         }
         written = [e for e in recorder.events if e[0] == "written"]
-        assert ("written", outcomes.COMPLETE, "completed", done.lease.id, 0.25) in written
-        assert ("written", outcomes.RELEASE, "released", handed_back.lease.id, None) in written
-        assert ("refused", outcomes.COMPLETE, stale.lease.id) in recorder.events
-        assert leases.idle()
+        assert ("written", attempts.COMPLETE, "completed", done.lease.id, 0.25) in written
+        assert ("written", attempts.RELEASE, "released", handed_back.lease.id, None) in written
+        assert ("refused", attempts.COMPLETE, stale.lease.id) in recorder.events
+        assert holdings.idle()
 
-    def test_the_lease_carries_the_token_from_the_claim(self, conn, leases):
+    def test_the_lease_carries_the_token_from_the_claim(self, conn, holdings):
         job = JobFactory(lease_version=4)
-        [held] = claim(conn, leases)
+        [held] = claim(conn, holdings)
         assert (held.lease.owner, held.lease.version) == (OWNER, 5)
         assert held.lease.errors is None  # A first attempt: nothing before it.
         assert 0 <= held.lease.pickup_delay < 60
@@ -314,7 +337,7 @@ class TestClaimer:
         [claim] = claimer.plan(running=1, waiting=1, avg_duration=0.001, now=T)
         assert claim.limit == 2
 
-    def test_claim_steps_against_the_database(self, conn, leases):
+    def test_claim_steps_against_the_database(self, conn, holdings):
         JobFactory.create_batch(3)
         JobFactory.create_batch(2, isolated=True)
         claimer = self.claimer(prefetch=2)
@@ -331,7 +354,7 @@ class TestClaimer:
             assert claimer.claim(cur, steps, now=T) == []
 
 
-class TestSchedule:
+class TestTimetable:
     def test_runs_what_is_due_adds_counts_and_carries_on_after_a_failure(self, conn, caplog):
         calls = []
 
@@ -349,8 +372,8 @@ class TestSchedule:
                 calls.append(("counting", now.monotonic))
                 return ReapCounts(reaped=2)
 
-        stats = Stats()
-        schedule = Schedule([Broken(), Counting()], stats)
+        stats = Counters()
+        schedule = Timetable([Broken(), Counting()], stats)
         with caplog.at_level(logging.ERROR):
             schedule.run_due(conn, T0)
         assert "broken failed; it runs again in 5.0s" in caplog.text
@@ -373,7 +396,7 @@ class TestSchedule:
             def run_once(self, cursor, now):
                 raise psycopg.OperationalError("server closed the connection")
 
-        schedule = Schedule([Disconnected()], Stats())
+        schedule = Timetable([Disconnected()], Counters())
         with pytest.raises(psycopg.OperationalError):
             schedule.run_due(conn, T0)
         assert schedule.earliest_due() == 0.0  # Runs first thing after the reconnect.

@@ -5,7 +5,8 @@ from django.db import transaction
 
 from django_conveyor.compat import TaskResultDoesNotExist, task_backends
 from django_conveyor.models import Job
-from django_conveyor.worker import Worker, WorkerOptions
+from django_conveyor.worker.config import WorkerOptions
+from django_conveyor.worker.loop import Worker
 from tests.helpers import run_burst
 from tests.testapp import tasks
 
@@ -53,7 +54,7 @@ def test_pausing_a_sharded_queue_pauses_it_where_workers_claim():
     operations.pause(["other"])
     assert Queue.objects.using("shard").get(name="other").paused
     worker = run_burst(queues=("other",))
-    assert worker.stats.counts["claimed"] == 0
+    assert worker.counters.counts["claimed"] == 0
     operations.resume(["other"])
     run_burst(queues=("other",))
     result.refresh()

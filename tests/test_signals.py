@@ -9,7 +9,6 @@ import logging
 
 import pytest
 
-from django_conveyor import executor
 from django_conveyor.compat import (
     TaskResultStatus,
     log_task_started,
@@ -19,6 +18,7 @@ from django_conveyor.compat import (
     tasks_logger,
 )
 from django_conveyor.signals import heard
+from django_conveyor.worker.handlers import executor
 from tests.helpers import run_burst
 from tests.testapp import tasks
 

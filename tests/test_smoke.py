@@ -13,4 +13,4 @@ def test_enqueue_and_run():
     result.refresh()
     assert result.status == "SUCCESSFUL"
     assert result.return_value == 5
-    assert worker.stats.counts["completed"] == 1
+    assert worker.counters.counts["completed"] == 1

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from django_conveyor.models import Job
-from django_conveyor.shutdown import REPEAT_GRACE_SECONDS
+from django_conveyor.worker.shutdown import REPEAT_GRACE_SECONDS
 from tests.helpers import start_logged_worker as worker
 from tests.helpers import wait_until
 from tests.test_processes import child_pids, states

@@ -5,7 +5,6 @@ FAIL, RETRY, REAP, CANCEL, CANCEL_HELD, REQUEUE), against the real database.
 """
 
 import pytest
-from django.db import connection
 
 from django_conveyor import protocol
 from django_conveyor.exceptions import (
@@ -18,12 +17,6 @@ from django_conveyor.models import Dependency, Job
 pytestmark = pytest.mark.django_db(transaction=True)
 
 OWNER = "worker-a"
-
-
-@pytest.fixture
-def cur():
-    with connection.cursor() as cursor:
-        yield cursor
 
 
 def new(cur, *depends_on, policy="cancel", key=None, attempts=1):

@@ -186,7 +186,7 @@ def test_a_zombies_completion_of_a_dependency_unblocks_nothing(procs, tmp_path):
 def test_enqueue_share_locks_the_dependencies_until_commit():
     import psycopg
 
-    from django_conveyor.dbconn import connect
+    from django_conveyor.worker.connections import connect
 
     dependency = tasks.add.enqueue(1, 2)
     with transaction.atomic():
@@ -202,9 +202,9 @@ def test_enqueue_share_locks_the_dependencies_until_commit():
 def test_the_api_and_the_cli_requeue_through_the_same_reblock(client):
     from django.core.management import call_command
 
-    from django_conveyor import apikeys
+    from django_conveyor.api import keys
 
-    headers = {"HTTP_AUTHORIZATION": f"Bearer {apikeys.create('ops', ['operate'])[1]}"}
+    headers = {"HTTP_AUTHORIZATION": f"Bearer {keys.create('ops', ['operate'])[1]}"}
     result = chain(tasks.wf_step.step("a"), tasks.wf_step.step("b")).enqueue()
     a, b = (int(r.id) for r in result)
     operations.cancel([a])

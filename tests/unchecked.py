@@ -1,6 +1,6 @@
 """Turn off the checks before SQL for `unchecked_poison` jobs, so PostgreSQL itself refuses them.
 
-The worker checks what it can before SQL (serialization.py, outcomes.error_entry);
+The worker checks what it can before SQL (serialization.py, attempts.error_entry);
 this lets a test, or a fault run's workers, send a value PostgreSQL refuses all
 the same, to prove that a refused row fails its own job and nothing else.
 Installed by tests.testapp when CONVEYOR_TEST_UNCHECKED is set, or by a test.
@@ -12,7 +12,7 @@ import json
 import traceback
 from typing import Any
 
-from django_conveyor import executor
+from django_conveyor.worker.handlers import executor
 
 UNCHECKED_TASK = "unchecked_poison"
 UNCHECKED_MESSAGE = "unchecked:"

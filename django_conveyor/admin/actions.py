@@ -21,9 +21,10 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 
 from .. import operations
+from ..conf import conveyor_settings
 from ..models import Job
 from ..states import CANCELLABLE_STATES, REQUEUEABLE_STATES, JobState
-from .base import actor_for, conveyor_database, log_job_changes
+from .base import actor_for, log_job_changes
 
 SAMPLE_SIZE = 20
 SAMPLE_COLUMNS = ("id", "task_path", "queue", "state", "attempt", "enqueued_at", "finished_at")
@@ -140,7 +141,7 @@ def confirm_or_perform(
             ids,
             batch_size=operations.BATCH_SIZE,
             actor=actor_for(request),
-            database=conveyor_database(),
+            database=conveyor_settings().DATABASE,
         )
         log_job_changes(request, done, step.log)
         changed += len(done)

@@ -10,7 +10,7 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from .. import apikeys
+from ..api import keys
 from ..models import ApiKey
 from .base import ReadOnlyAdmin
 
@@ -19,7 +19,7 @@ from .base import ReadOnlyAdmin
 def revoke_api_keys(
     modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet[ApiKey]
 ) -> None:
-    revoked = [key for key in queryset if apikeys.revoke(key.prefix)]
+    revoked = [key for key in queryset if keys.revoke(key.prefix)]
     modeladmin.message_user(request, f"Revoked {len(revoked)} API key(s).", messages.SUCCESS)
 
 

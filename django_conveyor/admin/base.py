@@ -16,16 +16,12 @@ from django.http import HttpRequest
 
 from ..conf import conveyor_settings
 from ..models import Job
-from ..stats import EXACT_BELOW
+from ..queue_counts import EXACT_BELOW
 
 OPERATE_PERMISSION = "conveyor.operate"
 VIEW_PAYLOADS_PERMISSION = "conveyor.view_payloads"
 EXACT_COUNT_LIMIT = EXACT_BELOW  # Above this a list shows the planner's estimate.
 LOG_BATCH = 1000
-
-
-def conveyor_database() -> str:
-    return conveyor_settings().DATABASE
 
 
 def actor_for(request: HttpRequest) -> str:
@@ -65,7 +61,7 @@ class ConveyorDatabaseAdmin(admin.ModelAdmin):
         css = {"all": ("conveyor/admin.css",)}
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
-        return super().get_queryset(request).using(conveyor_database())
+        return super().get_queryset(request).using(conveyor_settings().DATABASE)
 
     def has_operate_permission(self, request: HttpRequest) -> bool:
         opts = self.opts

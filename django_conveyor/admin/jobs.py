@@ -22,12 +22,13 @@ from django.utils.html import format_html
 from django.utils.safestring import mark_safe
 
 from .. import operations
+from ..conf import conveyor_settings
 from ..models import DeadLetter, Job, LedgerEntry, Worker
 from ..states import CANCELLABLE_STATES, REQUEUEABLE_STATES, JobState
 from ..tasks import known_task_paths
 from . import jobpage, workflow
 from .actions import cancel_jobs, job_page_action, requeue_jobs
-from .base import EstimatedCountPaginator, ReadOnlyAdmin, can_view_payloads, conveyor_database
+from .base import EstimatedCountPaginator, ReadOnlyAdmin, can_view_payloads
 
 LIST_COLUMNS = (
     "id",
@@ -77,7 +78,7 @@ class WorkerFilter(admin.SimpleListFilter):
     parameter_name = "worker"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        live = Worker.objects.using(conveyor_database()).filter(stopped_at__isnull=True)
+        live = Worker.objects.using(conveyor_settings().DATABASE).filter(stopped_at__isnull=True)
         names = set(live.values_list("id", flat=True))
         if self.value():
             names.add(self.value())
@@ -187,7 +188,7 @@ class JobAdmin(ReadOnlyAdmin):
         job = self.get_object(request, object_id)
         if job is None or not self.has_view_permission(request, job):
             raise Http404(f"No job has the id {object_id!r}.")
-        graph = workflow.workflow_graph(job.pk, conveyor_database())
+        graph = workflow.workflow_graph(job.pk, conveyor_settings().DATABASE)
         context = {
             **self.admin_site.each_context(request),
             "opts": self.opts,
@@ -257,7 +258,7 @@ class JobAdmin(ReadOnlyAdmin):
                 can_cancel=job.state in CANCELLABLE_STATES
                 or (job.state == JobState.RUNNING and job.cancel_requested_at is None),
                 requeue_url=reverse("admin:conveyor_job_requeue", args=[job.pk]),
-                workflow=workflow.neighbours(job, conveyor_database()),
+                workflow=workflow.neighbours(job, conveyor_settings().DATABASE),
                 workflow_url=reverse("admin:conveyor_job_workflow", args=[job.pk]),
                 cancel_url=reverse("admin:conveyor_job_cancel", args=[job.pk]),
             )
@@ -296,7 +297,9 @@ class JobAdmin(ReadOnlyAdmin):
     def held_by(self, obj: Job) -> str:
         if not obj.lease_owner or obj.state not in (JobState.RUNNING, JobState.COMPLETED):
             return "no worker"
-        worker = Worker.objects.using(conveyor_database()).filter(pk=obj.lease_owner).first()
+        worker = (
+            Worker.objects.using(conveyor_settings().DATABASE).filter(pk=obj.lease_owner).first()
+        )
         verb = "completed by" if obj.state == JobState.COMPLETED else "held by"
         if worker is None:
             return format_html("{} {} (not registered)", verb, obj.lease_owner)

@@ -1,6 +1,6 @@
 """Queues: counts per queue, paused or running, pause and resume.
 
-Failed and dead counts above `stats.EXACT_BELOW` are PostgreSQL's estimate,
+Failed and dead counts above `queue_counts.EXACT_BELOW` are PostgreSQL's estimate,
 shown as ≈N (`admin.stats`).
 """
 
@@ -16,7 +16,7 @@ from django.utils.safestring import mark_safe
 
 from .. import operations
 from ..models import Queue
-from . import stats
+from . import overview
 from .base import ConveyorDatabaseAdmin
 
 COUNTED = ("ready", "scheduled", "running_jobs", "failed", "dead")
@@ -27,9 +27,9 @@ class QueueChangeList(ChangeList):
 
     def get_results(self, request: HttpRequest) -> None:
         super().get_results(request)
-        counts = stats.queue_stats(queue.name for queue in self.result_list)
+        counts = overview.queue_rows(queue.name for queue in self.result_list)
         for queue in self.result_list:
-            queue.counts = counts.get(queue.name) or stats.QueueStats(name=queue.name)
+            queue.counts = counts.get(queue.name) or overview.QueueRow(name=queue.name)
 
 
 @admin.action(permissions=["operate"], description="Pause selected queues")

@@ -20,7 +20,7 @@ from django.utils.http import urlencode
 
 from ..models import Worker
 from .base import ReadOnlyAdmin
-from .stats import lost_after_seconds
+from .overview import lost_after_seconds
 
 LIVE, LOST, STOPPED, ALL = "live", "lost", "stopped", "all"
 

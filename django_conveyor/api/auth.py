@@ -20,7 +20,7 @@ from ninja.errors import AuthorizationError
 from ninja.security import APIKeyCookie, HttpBearer
 from ninja.utils import check_csrf
 
-from .. import apikeys
+from . import keys
 
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
@@ -51,7 +51,7 @@ class ApiKeyAuth(HttpBearer):
 
     @sensitive_variables("token")
     def authenticate(self, request: HttpRequest, token: str) -> Caller | None:
-        key = apikeys.authenticate(token)
+        key = keys.authenticate(token)
         if key is None:
             return None
         if self.scope not in key.scopes:

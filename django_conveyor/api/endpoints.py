@@ -20,7 +20,7 @@ from ninja import Header, Query, Router
 from ninja.decorators import decorate_view
 from ninja.responses import Status
 
-from .. import operations, stats
+from .. import operations, queue_counts
 from ..compat import InvalidTask, Task, TaskResultDoesNotExist
 from ..conf import conveyor_settings
 from ..exceptions import ArgumentsNotSerializable, IdempotencyKeyReused
@@ -40,9 +40,7 @@ from .schemas import (
     QueueOut,
     StateName,
 )
-from .schemas import (
-    Problem as ProblemOut,
-)
+from .schemas import Problem as ProblemOut
 
 MAX_IDEMPOTENCY_KEY_LENGTH = 255
 NAMESPACE = "conveyor-api"
@@ -340,7 +338,7 @@ def cancel_job(request: HttpRequest, job_id: str) -> Status:
     return Status(status, job_out(job, database))
 
 
-def queue_out(entry: stats.QueueStats) -> dict[str, Any]:
+def queue_out(entry: queue_counts.QueueCounts) -> dict[str, Any]:
     return {
         "name": entry.name,
         "paused": entry.paused,
@@ -362,7 +360,7 @@ def queue_out(entry: stats.QueueStats) -> dict[str, Any]:
 )
 def list_queues(request: HttpRequest) -> list[dict[str, Any]]:
     """Every queue with its jobs per state, lag, leases and whether it is paused."""
-    return [queue_out(q) for q in stats.snapshot(operations.known_queues()).values()]
+    return [queue_out(q) for q in queue_counts.snapshot(operations.known_queues()).values()]
 
 
 def _switch(
@@ -373,7 +371,7 @@ def _switch(
         raise Problem(404, f"No queue is named {name!r}.")
     if action([name]):
         logger.info("%s %s queue %s", request.auth.actor, verb, name)
-    return queue_out(stats.snapshot([name])[name])
+    return queue_out(queue_counts.snapshot([name])[name])
 
 
 @router.post(

@@ -26,8 +26,8 @@ from typing import Any
 from django.db import connections
 
 from ..models import Job
+from ..queue_counts import QUEUES_IN_STATE
 from ..states import JobState
-from ..stats import QUEUES_IN_STATE
 
 _BRANCH = """(
     SELECT j.* FROM conveyor_job AS j

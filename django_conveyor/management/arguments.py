@@ -7,13 +7,11 @@ that names the problem; argparse adds the flag's name and exits with 2.
 from __future__ import annotations
 
 import argparse
-import math
 from collections.abc import Callable
 
-from django_conveyor.conf import MAX_INT, MAX_SECONDS
+from django_conveyor.bounds import MAX_INT, MAX_PORT, MAX_SECONDS, Breach, breach, seconds_breach
 
 MAX_WORKER_ID_LENGTH = 64
-MAX_PORT = 65535
 
 
 def positive_int(text: str) -> int:
@@ -21,9 +19,10 @@ def positive_int(text: str) -> int:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
+    broken = breach(value, minimum=1, maximum=MAX_INT)
+    if broken is Breach.BELOW:
         raise argparse.ArgumentTypeError(f"must be 1 or more, got {value}")
-    if value > MAX_INT:
+    if broken is Breach.ABOVE:
         raise argparse.ArgumentTypeError(f"must be at most {MAX_INT}, got {value}")
     return value
 
@@ -33,7 +32,7 @@ def int_up_to(maximum: int) -> Callable[[str], int]:
 
     def parse(text: str) -> int:
         value = positive_int(text)
-        if value > maximum:
+        if breach(value, maximum=maximum):
             raise argparse.ArgumentTypeError(f"must be at most {maximum}, got {value}")
         return value
 
@@ -45,7 +44,7 @@ def port_number(text: str) -> int:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
-    if not 1 <= value <= MAX_PORT:
+    if breach(value, minimum=1, maximum=MAX_PORT):
         raise argparse.ArgumentTypeError(f"must be a TCP port, 1 to {MAX_PORT}, got {value}")
     return value
 
@@ -55,11 +54,12 @@ def non_negative_seconds(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if math.isnan(value):
+    broken = seconds_breach(value, zero=True)
+    if broken is Breach.NOT_A_NUMBER:
         raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text}")
-    if value < 0:
+    if broken is Breach.BELOW:
         raise argparse.ArgumentTypeError(f"must be zero or more seconds, got {text}")
-    if value > MAX_SECONDS:
+    if broken is Breach.ABOVE:
         raise argparse.ArgumentTypeError(
             f"must be at most {MAX_SECONDS:.0f} seconds (ten years), got {text}"
         )
@@ -68,7 +68,7 @@ def non_negative_seconds(text: str) -> float:
 
 def positive_seconds(text: str) -> float:
     value = non_negative_seconds(text)
-    if value == 0:
+    if seconds_breach(value):  # Only zero is left to refuse.
         raise argparse.ArgumentTypeError("must be more than zero seconds")
     return value
 

@@ -4,7 +4,7 @@ Mount with ``path("conveyor/metrics", include("django_conveyor.metrics.urls"))``
 The same response carries this site's enqueue counters (`process.py`).
 A scrape needs an API key with the `metrics` scope (`Authorization: Bearer`)
 or a client address in `CONVEYOR["METRICS_ALLOWED_ADDRESSES"]`. The figures
-and how each is found cheaply are in `django_conveyor.stats`.
+and how each is found cheaply are in `django_conveyor.queue_counts`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
-from .. import apikeys, operations, stats
+from .. import operations, queue_counts
+from ..api import keys
 from ..conf import conveyor_settings
 from ..states import JobState
 from . import process
@@ -30,15 +31,16 @@ SCOPE = "metrics"
 
 
 class DatabaseCollector(Collector):
-    """Reads `stats.snapshot()` once per scrape and yields it as gauges."""
+    """Reads `queue_counts.snapshot()` once per scrape and yields it as gauges."""
 
     def collect(self) -> Iterable[Metric]:
         started = time.perf_counter()
-        queues = stats.snapshot(operations.known_queues()).values()
+        queues = queue_counts.snapshot(operations.known_queues()).values()
         jobs = GaugeMetricFamily(
             "conveyor_jobs",
             "Jobs per queue and state. Blocked, available and running are exact; finished "
-            f"states are exact up to {stats.EXACT_BELOW} per queue, then PostgreSQL's estimate.",
+            f"states are exact up to {queue_counts.EXACT_BELOW} per queue, then PostgreSQL's "
+            "estimate.",
             labels=["queue", "state"],
         )
         lag = GaugeMetricFamily(
@@ -103,7 +105,7 @@ def refusal(request: HttpRequest) -> HttpResponse | None:
     header = request.headers.get("Authorization", "")
     if header:
         scheme, _, raw = header.partition(" ")
-        key = apikeys.authenticate(raw.strip()) if scheme.lower() == "bearer" else None
+        key = keys.authenticate(raw.strip()) if scheme.lower() == "bearer" else None
         if key is None:
             return _refused(401, "The API key is not valid.")
         if SCOPE not in key.scopes:

@@ -26,16 +26,16 @@ from typing import TYPE_CHECKING, Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from ..instrument import Instrument
-from ..management.arguments import MAX_PORT
-from ..shutdown import run_to_exit
-from ..worker import Worker, WorkerOptions
+from ..bounds import MAX_PORT
+from ..worker.config import WorkerOptions
+from ..worker.instrument import Instrument
+from ..worker.loop import Worker
 from . import process
 
 if TYPE_CHECKING:
     from ..protocol import Lease
 
-logger = logging.getLogger("django_conveyor.worker")
+logger = logging.getLogger(__name__)
 
 STALE_REFUSED = "stale-refused"
 # Run times and pickup delays reach from milliseconds to hours:
@@ -160,7 +160,7 @@ def slot_runner(address: str, port: int, *, processes: int) -> Callable[[WorkerO
             logger.error("%s", exc)
             return 1
         logger.info("serving metrics on %s:%d", address, port + slot)
-        return run_to_exit(Worker(replace(options, instrument=metrics)))
+        return Worker(replace(options, instrument=metrics)).run_to_exit()
 
     return run
 

@@ -91,9 +91,9 @@ def time_scrapes(count: int) -> dict[str, object]:
     from django.test import Client
     from prometheus_client.parser import text_string_to_metric_families
 
-    from django_conveyor import apikeys
+    from django_conveyor.api import keys
 
-    _, raw = apikeys.create("scale", ["metrics"])
+    _, raw = keys.create("scale", ["metrics"])
     client = Client()
     timings, samples = [], 0
     for _ in range(count):

@@ -7,7 +7,7 @@ Runs against the tests' PostgreSQL (DATABASE_URL, else the embedded server in
 var/), in a database of its own (`conveyor_cron_bench`, recreated each run).
 
 1. Pass cost: `--schedules` enabled schedules, none due, and `--passes`
-   calls of `scheduler.run_once(cursor, now)`. Database time is the server's
+   calls of `ticks.run_once(cursor, now)`. Database time is the server's
    own execution time of the pass's statements (EXPLAIN ANALYZE of DUE and
    NEXT_TICK on the same data); the pass's wall time adds the round trips.
 2. Lateness: one idle `conveyor_worker` process and a schedule that ticks
@@ -27,13 +27,16 @@ import json
 import os
 import signal
 import statistics
-import subprocess
 import sys
 import time
 from datetime import timedelta
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import scratch  # noqa: E402  (beside this script)
+
 DB_NAME = "conveyor_cron_bench"
 
 
@@ -62,7 +65,7 @@ def setup_django() -> None:
     import psycopg
     from django.db import connections
 
-    from django_conveyor.dbconn import connection_params
+    from django_conveyor.worker.connections import connection_params
 
     params = {**connection_params("default"), "dbname": "postgres"}
     with psycopg.connect(**params, autocommit=True) as admin:
@@ -83,13 +86,13 @@ def indexes(node: dict) -> list[str]:
 
 
 def pass_cost(schedules: int, passes: int) -> dict[str, object]:
-    from django_conveyor import scheduler
-    from django_conveyor.cronexpr import Schedule
-    from django_conveyor.dbconn import connect
     from django_conveyor.models import Cron
+    from django_conveyor.periodic import ticks
+    from django_conveyor.periodic.expressions import Timing
+    from django_conveyor.worker.connections import connect
 
     conn = connect("default")
-    now = scheduler.database_now(conn.cursor())
+    now = ticks.database_now(conn.cursor())
     rows = []
     for n in range(schedules):
         expression = f"{n % 60} {n % 24} * * *"  # daily, spread over the day
@@ -98,7 +101,7 @@ def pass_cost(schedules: int, passes: int) -> dict[str, object]:
                 name=f"bench-{n}",
                 schedule=expression,
                 task_path="tests.testapp.tasks.noop",
-                next_tick_at=Schedule(expression).next_after(now + timedelta(hours=1)),
+                next_tick_at=Timing(expression).next_after(now + timedelta(hours=1)),
             )
         )
     Cron.objects.bulk_create(rows, batch_size=2000)
@@ -107,7 +110,7 @@ def pass_cost(schedules: int, passes: int) -> dict[str, object]:
     for _ in range(passes):
         with conn.cursor() as cursor:
             started = time.perf_counter()
-            counts = scheduler.run_once(cursor, scheduler.database_now(cursor))
+            counts = ticks.run_once(cursor, ticks.database_now(cursor))
             walls.append((time.perf_counter() - started) * 1000)
         assert counts.due == 0, counts
     server: list[float] = []
@@ -115,8 +118,8 @@ def pass_cost(schedules: int, passes: int) -> dict[str, object]:
     for _ in range(passes):
         total = 0.0
         for name, sql, params in (
-            ("DUE", scheduler.DUE, {"now": now, "limit": scheduler.BATCH_SIZE}),
-            ("NEXT_TICK", scheduler.NEXT_TICK, None),
+            ("DUE", ticks.DUE, {"now": now, "limit": ticks.BATCH_SIZE}),
+            ("NEXT_TICK", ticks.NEXT_TICK, None),
         ):
             plan = conn.execute(f"EXPLAIN (ANALYZE, FORMAT JSON) {sql}", params).fetchone()[0]
             total += plan[0]["Execution Time"] + plan[0]["Planning Time"]
@@ -133,32 +136,24 @@ def pass_cost(schedules: int, passes: int) -> dict[str, object]:
 
 
 def lateness(seconds: float) -> dict[str, object]:
-    from django_conveyor import scheduler
-    from django_conveyor.cronexpr import Schedule
-    from django_conveyor.dbconn import connect
     from django_conveyor.models import Cron, Job
+    from django_conveyor.periodic import ticks
+    from django_conveyor.periodic.expressions import Timing
+    from django_conveyor.worker.connections import connect
 
     Cron.objects.all().delete()
     Job.objects.all().delete()
     conn = connect("default")
-    now = scheduler.database_now(conn.cursor())
+    now = ticks.database_now(conn.cursor())
     start = now + timedelta(seconds=5)  # the worker is up and idle by then
     Cron.objects.create(
         name="every-second",
         schedule="* * * * * *",
         task_path="tests.testapp.tasks.noop",
-        next_tick_at=Schedule("* * * * * *").next_after(start),
+        next_tick_at=Timing("* * * * * *").next_after(start),
     )
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
     log = open(REPO / "var" / "cron-bench-worker.log", "wb")  # noqa: SIM115
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "django", "conveyor_worker", "--queues", "default", "-v", "1"],
-        cwd=REPO,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    proc = scratch.start_worker(log)
     try:
         time.sleep(5 + seconds)
     finally:
@@ -167,13 +162,13 @@ def lateness(seconds: float) -> dict[str, object]:
         log.close()
     jobs = Job.objects.filter(idempotency_key__startswith="cron:every-second:")
     late = [(j.enqueued_at - j.run_after).total_seconds() * 1000 for j in jobs]
-    ticks = sorted(jobs.values_list("run_after", flat=True))
-    gaps = [(b - a).total_seconds() for a, b in itertools.pairwise(ticks)]
+    instants = sorted(jobs.values_list("run_after", flat=True))
+    gaps = [(b - a).total_seconds() for a, b in itertools.pairwise(instants)]
     conn.close()
     return {
         "seconds": seconds,
         "ticks": len(late),
-        "every_tick_once": len(ticks) >= seconds - 1 and all(g == 1.0 for g in gaps),
+        "every_tick_once": len(instants) >= seconds - 1 and all(g == 1.0 for g in gaps),
         "lateness_ms": summary(late),
     }
 
@@ -188,7 +183,7 @@ def main() -> int:
     setup_django()
     import django
 
-    from django_conveyor.dbconn import connect
+    from django_conveyor.worker.connections import connect
 
     with connect("default") as conn:
         server_version = conn.info.server_version

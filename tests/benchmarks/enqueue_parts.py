@@ -61,7 +61,7 @@ def variants() -> dict[str, Callable[[], None]]:
     from django_conveyor import protocol
     from tests.testapp.tasks import noop
 
-    job = task_backends["default"]._new_job(noop, (), {})
+    job = task_backends["default"].new_job(noop, (), {})
 
     def floor() -> None:
         with connection.cursor() as cursor:

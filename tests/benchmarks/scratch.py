@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def setup_django(database: str, shard: str | None = None) -> None:
@@ -21,12 +25,27 @@ def setup_django(database: str, shard: str | None = None) -> None:
     django.setup()
 
 
+def start_worker(log: IO[bytes], **env: str) -> subprocess.Popen[bytes]:
+    """One `conveyor_worker` of the default queue on the scratch database, in a session of its own.
+
+    `env` adds to this process's environment (the scratch database's name is there already).
+    """
+    return subprocess.Popen(
+        [sys.executable, "-m", "django", "conveyor_worker", "--queues", "default", "-v", "1"],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO), **env},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+
+
 def admin_sql(*statements: str) -> None:
     """Run statements on the server's `postgres` database (create or drop databases)."""
     import psycopg
     from django.db import connections
 
-    from django_conveyor.dbconn import connection_params
+    from django_conveyor.worker.connections import connection_params
 
     connections.close_all()
     params = connection_params("default")

@@ -7,13 +7,13 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from django_conveyor import apikeys
+from django_conveyor.api import keys
 from django_conveyor.models import API_SCOPES
 
 
 def scope_list(text: str) -> list[str]:
     try:
-        return apikeys.parse_scopes(text.split(","))
+        return keys.parse_scopes(text.split(","))
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
@@ -40,7 +40,7 @@ class Command(BaseCommand):
 
     def handle_create(self, options: dict[str, Any]) -> None:
         try:
-            key, raw = apikeys.create(options["name"], options["scopes"])
+            key, raw = keys.create(options["name"], options["scopes"])
         except ValueError as exc:
             raise CommandError(str(exc)) from None
         self.stderr.write(
@@ -50,12 +50,12 @@ class Command(BaseCommand):
         self.stdout.write(raw)
 
     def handle_list(self, options: dict[str, Any]) -> None:
-        keys = apikeys.listed()
-        if not keys:
+        listed = keys.listed()
+        if not listed:
             self.stdout.write("No API keys.")
             return
         self.stdout.write("name\tprefix\tscopes\tcreated\tlast used\trevoked")
-        for key in keys:
+        for key in listed:
             self.stdout.write(
                 "\t".join(
                     [
@@ -70,7 +70,7 @@ class Command(BaseCommand):
             )
 
     def handle_revoke(self, options: dict[str, Any]) -> None:
-        revoked = apikeys.revoke(options["key"])
+        revoked = keys.revoke(options["key"])
         if not revoked:
             raise CommandError(f"No live API key has the name or prefix {options['key']!r}.")
         for key in revoked:

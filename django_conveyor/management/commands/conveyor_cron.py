@@ -6,9 +6,9 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from django_conveyor import schedules
 from django_conveyor.conf import conveyor_settings
 from django_conveyor.models import Cron, Job
+from django_conveyor.periodic import schedules
 
 
 def _iso(value: Any) -> str:

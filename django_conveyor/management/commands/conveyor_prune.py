@@ -16,11 +16,7 @@ from django.db.models.functions import Now
 
 from django_conveyor import protocol
 from django_conveyor.conf import conveyor_settings
-from django_conveyor.management.arguments import (
-    non_negative_seconds,
-    positive_int,
-    queue_list,
-)
+from django_conveyor.management.arguments import non_negative_seconds, positive_int, queue_list
 from django_conveyor.models import Job
 from django_conveyor.states import FINAL_STATES
 

@@ -23,14 +23,9 @@ from django_conveyor.management.arguments import (
     queue_list,
     worker_id,
 )
-from django_conveyor.shutdown import run_to_exit
-from django_conveyor.supervisor import Supervisor
-from django_conveyor.worker import (
-    MAX_CONCURRENCY,
-    Worker,
-    WorkerConfig,
-    WorkerOptions,
-)
+from django_conveyor.worker.config import MAX_CONCURRENCY, WorkerConfig, WorkerOptions
+from django_conveyor.worker.loop import Worker
+from django_conveyor.worker.supervisor import Supervisor
 
 MAX_PROCESSES = 256  # Worker processes one supervisor forks.
 
@@ -181,7 +176,7 @@ class Command(BaseCommand):
         """How to run the worker of one slot: plain, or serving its metrics first."""
         port = options["metrics_port"]
         if port is None:
-            return lambda worker_options, slot: run_to_exit(Worker(worker_options))
+            return lambda worker_options, slot: Worker(worker_options).run_to_exit()
         try:
             from django_conveyor.metrics import worker as worker_metrics
         except ImportError as exc:

@@ -34,10 +34,11 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import connections
 from django.utils import timezone
 
-from django_conveyor import apikeys, schedules
+from django_conveyor.api import keys
 from django_conveyor.conf import conveyor_settings
 from django_conveyor.management.arguments import port_number, positive_seconds
 from django_conveyor.models import ApiKey, Job, LedgerEntry
+from django_conveyor.periodic import schedules
 from django_conveyor.states import FINAL_STATES, JobState
 from shop.models import GatewayCharge, Order, Payment, StockReport
 from shop.services import place_order, request_inventory_sync
@@ -205,11 +206,11 @@ class Command(BaseCommand):
         """The demo key (settings.SHOP_DEMO_API_KEY), made once: re-runs reuse it."""
         raw = settings.SHOP_DEMO_API_KEY
         live = ApiKey.objects.filter(name=DEMO_API_KEY_NAME, revoked_at__isnull=True).first()
-        if live is not None and live.secret_hash == apikeys.hash_key(raw):
+        if live is not None and live.secret_hash == keys.hash_key(raw):
             return raw
         if live is not None:
-            apikeys.revoke(DEMO_API_KEY_NAME)  # SHOP_DEMO_API_KEY changed since
-        apikeys.create(DEMO_API_KEY_NAME, DEMO_API_KEY_SCOPES, raw_key=raw)
+            keys.revoke(DEMO_API_KEY_NAME)  # SHOP_DEMO_API_KEY changed since
+        keys.create(DEMO_API_KEY_NAME, DEMO_API_KEY_SCOPES, raw_key=raw)
         self.step(f"Created the API key {DEMO_API_KEY_NAME!r} ({', '.join(DEMO_API_KEY_SCOPES)})")
         return raw
 

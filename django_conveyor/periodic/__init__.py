@@ -1,0 +1,1 @@
+"""Periodic jobs: cron expressions, the schedules of CONVEYOR["CRON"], and their ticks."""

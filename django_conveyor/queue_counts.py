@@ -1,0 +1,172 @@
+"""Read-only figures about queues, cheap at any size of finished history.
+
+The one source of per-queue counts: the metrics view, the API's
+`GET /queues`, and the admin's dashboard and queues page all read
+`snapshot()`. Nothing here writes.
+
+How each figure is found (docs/metrics.md says the same for operators):
+
+- Jobs that are blocked, available or running are counted exactly. Each
+  count reads only its own rows, through `conveyor_job_list_idx`
+  `(state, queue, id)`, so its cost follows the backlog, not the history.
+- Finished jobs (completed, failed, dead, cancelled) are counted exactly up
+  to `EXACT_BELOW` per queue and state, with a count that stops reading
+  there; above it the figure is PostgreSQL's own estimate (`EXPLAIN`, from
+  the statistics that autovacuum keeps, helped by the multivariate
+  statistics object on (state, queue) made by migration 0004). A scrape
+  therefore reads at most `EXACT_BELOW` index entries per finished state
+  and queue, however many millions are finished.
+- Ready jobs and queue lag: available jobs whose `run_after` has passed
+  (the rest of the available ones are scheduled), and the age of the
+  oldest of them (0 when none is ready), by the database's clock.
+- Leases: running jobs whose lease is still valid, and those that expired
+  and wait for the reaper, through the partial index on running jobs.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from django.db import connections
+
+from .conf import conveyor_settings
+from .states import JobState
+
+EXACT_BELOW = 10_000
+LIVE_STATES = (JobState.BLOCKED, JobState.AVAILABLE, JobState.RUNNING)
+FINISHED_STATES = (JobState.COMPLETED, JobState.FAILED, JobState.DEAD, JobState.CANCELLED)
+DEAD_LETTER_STATES = (JobState.FAILED, JobState.DEAD)
+
+COUNT_LIVE = """
+SELECT queue, state, count(*) FROM conveyor_job
+WHERE state = ANY(%(states)s)
+GROUP BY queue, state
+"""
+
+# A loose index scan: one index probe per distinct queue, instead of reading
+# every finished row to learn which queues have any.
+QUEUES_IN_STATE = """
+WITH RECURSIVE q AS (
+    (SELECT queue FROM conveyor_job WHERE state = %(state)s ORDER BY queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT j.queue FROM conveyor_job AS j
+            WHERE j.state = %(state)s AND j.queue > q.queue ORDER BY j.queue LIMIT 1)
+    FROM q WHERE q.queue IS NOT NULL
+)
+SELECT queue FROM q WHERE queue IS NOT NULL
+"""
+
+ESTIMATE_IN_STATE = (
+    "EXPLAIN (FORMAT JSON) SELECT 1 FROM conveyor_job WHERE state = %(state)s AND queue = %(queue)s"
+)
+
+COUNT_IN_STATE_BOUNDED = """
+SELECT count(*) FROM (
+    SELECT 1 FROM conveyor_job WHERE state = %(state)s AND queue = %(queue)s LIMIT %(limit)s
+) AS bounded
+"""
+
+READY = """
+SELECT queue, count(*), EXTRACT(EPOCH FROM now() - min(run_after))::float8 FROM conveyor_job
+WHERE state = 'available' AND run_after <= now()
+GROUP BY queue
+"""
+
+LEASES = """
+SELECT queue,
+       count(*) FILTER (WHERE lease_expires_at >= now()),
+       count(*) FILTER (WHERE lease_expires_at < now())
+FROM conveyor_job
+WHERE state = 'running'
+GROUP BY queue
+"""
+
+PAUSED = "SELECT name, paused FROM conveyor_queue"
+
+
+@dataclass(slots=True)
+class QueueCounts:
+    name: str
+    paused: bool = False
+    jobs: dict[str, int] = field(default_factory=lambda: {s.value: 0 for s in JobState})
+    estimated: set[str] = field(default_factory=set)  # States whose count is an estimate.
+    ready: int = 0  # Available jobs whose run_after has passed: a worker may take them now.
+    lag_seconds: float = 0.0  # Age of the oldest ready job; 0 when none is ready.
+    leases_active: int = 0
+    leases_expired: int = 0  # Running jobs whose lease ran out, waiting for the reaper.
+
+    @property
+    def dead_letters(self) -> int:
+        return sum(self.jobs[s] for s in DEAD_LETTER_STATES)
+
+    @property
+    def scheduled(self) -> int:
+        """Available jobs waiting for their run_after (a retry's backoff, a deferred enqueue)."""
+        return self.jobs[JobState.AVAILABLE] - self.ready
+
+
+def _estimate(cursor, state: str, queue: str) -> int:
+    cursor.execute(ESTIMATE_IN_STATE, {"state": state, "queue": queue})
+    plan = cursor.fetchone()[0]
+    plan = json.loads(plan) if isinstance(plan, str) else plan
+    return int(plan[0]["Plan"]["Plan Rows"])
+
+
+def _finished_count(cursor, state: str, queue: str) -> tuple[int, bool]:
+    """(count, estimated): exact up to EXACT_BELOW, the planner's estimate above."""
+    estimate = _estimate(cursor, state, queue)
+    if estimate <= EXACT_BELOW:
+        cursor.execute(
+            COUNT_IN_STATE_BOUNDED, {"state": state, "queue": queue, "limit": EXACT_BELOW + 1}
+        )
+        counted = cursor.fetchone()[0]
+        if counted <= EXACT_BELOW:
+            return counted, False
+    return max(estimate, EXACT_BELOW + 1), True
+
+
+def _snapshot_of(
+    database: str, queues: dict[str, QueueCounts], finished: Iterable[JobState]
+) -> None:
+    def queue(name: str) -> QueueCounts:
+        return queues.setdefault(name, QueueCounts(name))
+
+    with connections[database].cursor() as cursor:
+        cursor.execute(PAUSED)
+        for name, paused in cursor.fetchall():
+            queue(name).paused |= paused
+        cursor.execute(COUNT_LIVE, {"states": [s.value for s in LIVE_STATES]})
+        for name, state, count in cursor.fetchall():
+            queue(name).jobs[state] += count
+        for state in finished:
+            cursor.execute(QUEUES_IN_STATE, {"state": state.value})
+            for (name,) in cursor.fetchall():
+                count, estimated = _finished_count(cursor, state.value, name)
+                queue(name).jobs[state.value] += count
+                if estimated:
+                    queue(name).estimated.add(state.value)
+        cursor.execute(READY)
+        for name, ready, lag in cursor.fetchall():
+            queue(name).ready += ready
+            queue(name).lag_seconds = max(queue(name).lag_seconds, max(lag or 0.0, 0.0))
+        cursor.execute(LEASES)
+        for name, active, expired in cursor.fetchall():
+            queue(name).leases_active += active
+            queue(name).leases_expired += expired
+
+
+def snapshot(
+    known: Iterable[str] = (), *, finished: Iterable[JobState] = FINISHED_STATES
+) -> dict[str, QueueCounts]:
+    """Figures for every queue that has jobs or a row in conveyor_queue, plus `known`.
+
+    Only the `finished` states are counted (the others stay 0): a page that
+    shows dead letters alone asks for `DEAD_LETTER_STATES`.
+    """
+    queues = {name: QueueCounts(name) for name in known}
+    finished = tuple(finished)
+    for database in conveyor_settings().databases():
+        _snapshot_of(database, queues, finished)
+    return dict(sorted(queues.items()))

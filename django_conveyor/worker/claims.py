@@ -1,0 +1,131 @@
+"""What a worker claims in each cycle: how many jobs, and with which statements.
+
+The claim fills the free slots plus a claim-ahead buffer, so that a slot
+that frees up does not wait for a claim's round trip. Unless it is fixed
+(`CONVEYOR["PREFETCH"]` or `--prefetch`), the buffer holds about
+CLAIM_AHEAD_SECONDS of work per slot: deep when jobs are short, about
+nothing when they are long, so a worker does not hoard slow jobs that an
+idle peer could run.
+
+`Claimer.plan` says which claim statements the cycle runs and with what
+limit; the cycle runs them in its transaction, after the outcomes, in
+order. CLAIM skips paused queues, jobs not yet due and isolated jobs in
+its SQL (protocol.CLAIM).
+
+Isolated jobs (a REAP returned them: they may have killed their worker)
+are taken by CLAIM_ISOLATED, one at a time, only by a worker with a free
+slot, no other isolated job and nothing claimed but not started, so that
+no job claimed ahead dies with it; while it runs, the worker claims only
+for its free slots. To keep the hot path one statement, the worker looks
+for one right after a CLAIM that found nothing (idle, or drained), and
+under steady load at least every ISOLATED_LOOK_SECONDS, first letting its
+claim-ahead buffer run empty (about CLAIM_AHEAD_SECONDS of work).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from .. import protocol
+from ..protocol import Cursor, Lease
+
+CLAIM_AHEAD_SECONDS = 0.02  # Buffered work per slot: a few claim round trips.
+MAX_PREFETCH = 256
+ISOLATED_LOOK_SECONDS = 1.0  # Under load, look for an isolated job at least this often.
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimStep:
+    statement: Callable[..., list[Lease]]  # A protocol claim: (cursor, owner, queues, ...).
+    limit: int
+    if_none_claimed: bool = False  # Run only if the steps before it claimed nothing.
+    limit_alone: int | None = None  # The limit once an isolated job was claimed before it.
+
+    @property
+    def isolated(self) -> bool:
+        return self.statement is protocol.claim_isolated
+
+
+class Claimer:
+    def __init__(
+        self,
+        *,
+        owner: str,
+        queues: Sequence[str],
+        concurrency: int,
+        lease_seconds: float,
+        prefetch: int | None,
+    ) -> None:
+        self.owner = owner
+        self.queues = tuple(queues)
+        self.concurrency = concurrency
+        self.lease_seconds = lease_seconds
+        self.fixed_prefetch = prefetch  # None adapts to job length.
+        self.isolated_due = 0.0  # time.monotonic() when a busy worker looks next.
+
+    def prefetch(self, avg_duration: float | None) -> int:
+        """How many claimed jobs may wait for a slot."""
+        if self.fixed_prefetch is not None:
+            return self.fixed_prefetch
+        if avg_duration is None:
+            return self.concurrency  # Nothing has run yet.
+        per_slot = CLAIM_AHEAD_SECONDS / max(avg_duration, 1e-6)
+        return min(MAX_PREFETCH, int(self.concurrency * per_slot))
+
+    def room(self, *, running: int, waiting: int, avg_duration: float | None) -> int:
+        """Jobs to claim now: the free slots and the buffer, minus jobs already waiting."""
+        free = max(0, self.concurrency - running)
+        return free + self.prefetch(avg_duration) - waiting
+
+    def plan(
+        self,
+        *,
+        running: int,
+        waiting: int,
+        avg_duration: float | None,
+        holds_isolated: bool = False,
+        now: float = 0.0,
+    ) -> list[ClaimStep]:
+        free = max(0, self.concurrency - running)
+        look = now >= self.isolated_due
+        if holds_isolated or (look and (free == 0 or waiting)):
+            # Nothing claimed ahead beside an isolated job (or about to look for one).
+            alone = free - waiting
+            return [ClaimStep(protocol.claim, alone)] if alone > 0 else []
+        room = self.room(running=running, waiting=waiting, avg_duration=avg_duration)
+        if free == 0 or waiting:
+            return [ClaimStep(protocol.claim, room)] if room > 0 else []
+        # A free slot and an empty buffer: an isolated job may be claimed (room >= free > 0).
+        if not look:  # The hot path: one CLAIM, and CLAIM_ISOLATED only if it found nothing.
+            return [
+                ClaimStep(protocol.claim, room),
+                ClaimStep(protocol.claim_isolated, 1, if_none_claimed=True),
+            ]
+        return [
+            ClaimStep(protocol.claim_isolated, 1),
+            ClaimStep(protocol.claim, room, limit_alone=free - 1),
+        ]
+
+    def claim(self, cur: Cursor, steps: list[ClaimStep], now: float = 0.0) -> list[Lease]:
+        claimed: list[Lease] = []
+        alone = False  # An isolated job was claimed: nothing is claimed ahead of it.
+        for step in steps:
+            if step.if_none_claimed and claimed:
+                continue
+            limit = step.limit_alone if alone and step.limit_alone is not None else step.limit
+            if limit <= 0:
+                continue
+            leases = step.statement(
+                cur,
+                owner=self.owner,
+                queues=self.queues,
+                limit=limit,
+                lease_seconds=self.lease_seconds,
+            )
+            if step.isolated:
+                alone = bool(leases)
+                # Found one: there may be more, look again once it is done.
+                self.isolated_due = now if alone else now + ISOLATED_LOOK_SECONDS
+            claimed += leases
+        return claimed

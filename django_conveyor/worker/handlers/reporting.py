@@ -1,0 +1,105 @@
+"""`task_finished`: sent once an attempt's outcome has committed, never before.
+
+The fence can refuse an outcome (the lease was lost, timed out, handed back,
+or cancelled), so a handler's return says nothing yet. Only what the cycle
+wrote is reported: a completed attempt as SUCCESSFUL; a failed, retried,
+timed-out or cancelled one as FAILED with the attempt's error. A refused
+outcome sends nothing (the job's next attempt, or the party that took it,
+reports it), nor do a snooze or a hand-back (the job runs again as if the
+attempt had not started).
+
+In a worker, `Reporter` sends from a thread of its own, so a slow receiver
+never delays the control loop (heartbeats, claims). A failed attempt's
+signal is sent while its exception is being handled, as django.tasks does,
+so receivers that read `sys.exc_info()` (Django's own logger) get the
+traceback.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+
+from django.db import connections
+
+from ...compat import TaskResultStatus, log_task_finished, task_finished
+from ...results import finished
+from ...signals import heard
+from ...tasks import task_or_none
+from .. import attempts
+from ..attempts import Outcome
+from . import executor
+
+logger = logging.getLogger(__name__)
+
+FINISHED_STATUS = {
+    attempts.COMPLETE: TaskResultStatus.SUCCESSFUL,
+    attempts.DONE_IN_ATOMIC: TaskResultStatus.SUCCESSFUL,
+    attempts.FAIL: TaskResultStatus.FAILED,
+    attempts.RETRY: TaskResultStatus.FAILED,
+    attempts.CANCEL_HELD: TaskResultStatus.FAILED,
+}  # Not RELEASE, SNOOZE: the job runs again as if the attempt had not started.
+FLUSH_SECONDS = 5.0  # At exit, how long signals still queued may take to be sent.
+
+
+def report(outcome: Outcome) -> None:
+    """Send `task_finished` for an outcome that was written; call it after the commit.
+
+    Only for an attempt a slot started, and only when something hears the
+    signal (signals.heard): otherwise no result is built at all.
+    """
+    status = FINISHED_STATUS.get(outcome.kind)
+    attempt = outcome.attempt
+    if status is None or attempt.started_at is None:
+        return
+    level = logging.ERROR if status == TaskResultStatus.FAILED else logging.INFO
+    if not heard(task_finished, log_task_finished, level):
+        return
+    started = attempt.result
+    if started is None:  # Nobody heard task_started: build it now.
+        task = task_or_none(attempt.lease.task_path)
+        if task is None:
+            return
+        started = executor.running_result(task, attempt)
+    done = finished(
+        started, status=status, return_value=outcome.return_value, error=outcome.error or None
+    )
+    sender = type(started.task.get_backend())
+    if outcome.exception is None:
+        task_finished.send(sender, task_result=done)
+        return
+    try:
+        raise outcome.exception
+    except BaseException:
+        task_finished.send(sender, task_result=done)
+
+
+class Reporter:
+    """The worker's reporting thread: sends `task_finished` in commit order."""
+
+    def __init__(self) -> None:
+        self.written: queue.SimpleQueue[Outcome | None] = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self.run, name="conveyor-reporter", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def submit(self, outcome: Outcome) -> None:
+        if outcome.kind in FINISHED_STATUS and outcome.attempt.started_at is not None:
+            self.written.put(outcome)
+
+    def stop(self) -> None:
+        """Send what is queued (up to FLUSH_SECONDS), then end the thread."""
+        self.written.put(None)
+        if self.thread.is_alive():
+            self.thread.join(FLUSH_SECONDS)
+
+    def run(self) -> None:
+        while (outcome := self.written.get()) is not None:
+            try:
+                report(outcome)
+            except Exception:  # A receiver's error is its own, never the worker's.
+                logger.exception("a task_finished receiver raised")
+            executor.connection_hygiene()
+        connections.close_all()  # This thread's connections, if receivers opened any.

@@ -1,0 +1,178 @@
+"""What one worker holds: its attempts, and the outcomes it has yet to write.
+
+`Holdings` is their one owner. Jobs enter by a claim (`take`, which makes
+each claimed `Lease` an `Attempt`) and leave by a written outcome
+(`settle`); in between, at most one outcome per attempt waits in
+`pending`. Outcomes arrive two ways: a handler's, reported from its slot
+thread (`report`, then `collect` on the control loop), and the loop's own
+decisions, a timeout or a hand-back (`give_up`). Either way they are
+written by the same cycle through `outcomes.write`.
+
+A handler's outcome whose lease is no longer held (lost at a heartbeat,
+timed out, handed back) is stale: it is logged, counted and never written.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+from typing import TYPE_CHECKING
+
+from ..conf import DEFAULT_LEASE_SECONDS
+from ..protocol import Cursor, Lease
+from . import outcomes
+from .attempts import DONE_IN_ATOMIC, Attempt, Outcome
+from .instrument import log_job
+
+if TYPE_CHECKING:
+    from .instrument import Counters, Instrument
+
+logger = logging.getLogger(__name__)
+
+
+class Holdings:
+    def __init__(
+        self,
+        owner: str,
+        database: str,
+        counters: Counters,
+        instrument: Instrument | None = None,
+        *,
+        lease_seconds: float = DEFAULT_LEASE_SECONDS,
+    ) -> None:
+        self.owner = owner  # The worker id: lease_owner of every lease held here.
+        self.database = database
+        self.lease_seconds = lease_seconds  # Of a claim or heartbeat: bounds context.atomic().
+        self.counters = counters
+        self.instrument = instrument  # None: nothing listens, and nothing is called.
+        self.held: dict[int, Attempt] = {}  # Job id -> its attempt, until its outcome is written.
+        self.pending: dict[int, Outcome] = {}  # Job id -> its outcome, not yet committed.
+        self.reported: queue.SimpleQueue[Outcome] = queue.SimpleQueue()  # From slot threads.
+        self.finished_attempts = 0
+
+    def take(self, claimed: list[Lease]) -> list[Attempt]:
+        """Hold the leases a claim returned, each as an attempt."""
+        taken = [Attempt(lease, self.database, self.lease_seconds) for lease in claimed]
+        for attempt in taken:
+            self.held[attempt.lease.id] = attempt
+        if claimed:
+            self.counters.add("claimed", len(claimed))
+            if self.instrument:
+                self.instrument.claimed(claimed)
+        return taken
+
+    def report(self, outcome: Outcome) -> None:
+        """A handler's attempt ended (called from its slot thread)."""
+        self.reported.put(outcome)
+
+    def collect(self) -> None:
+        """Move reported outcomes into `pending`, dropping those whose lease is gone."""
+        while True:
+            try:
+                outcome = self.reported.get_nowait()
+            except queue.Empty:
+                return
+            self.finished_attempts += 1
+            job_id = outcome.lease.id
+            # The guarded commit already proved the token held: never stale.
+            if self.held.get(job_id) is not outcome.attempt and outcome.kind != DONE_IN_ATOMIC:
+                self.refused(outcome, "stale outcome (%s) not written")
+                continue
+            self.pending[job_id] = outcome
+
+    def give_up(self, attempt: Attempt, outcome: Outcome, reason: str) -> bool:
+        """The loop decides this attempt's outcome itself (timeout, hand-back).
+
+        The lease stops being held at once, so the handler's own outcome, if
+        it ever comes, is stale. False when the attempt already has an outcome.
+        """
+        job_id = attempt.lease.id
+        if job_id in self.pending or self.held.get(job_id) is not attempt:
+            return False
+        del self.held[job_id]
+        attempt.mark_lost(reason)
+        self.pending[job_id] = outcome
+        return True
+
+    def lose(self, attempt: Attempt, reason: str) -> None:
+        """The database says another party has the job: forget it, write nothing."""
+        if self.held.get(attempt.lease.id) is attempt:
+            del self.held[attempt.lease.id]
+        attempt.mark_lost(reason)  # Counted by the caller (HeartbeatCounts.leases_lost).
+        if self.instrument:
+            self.instrument.lease_lost(attempt.lease, reason)
+        log_job(
+            logger, logging.WARNING, attempt.lease, "lease lost: its outcome will not be written"
+        )
+
+    def renewable(self) -> list[tuple[int, int]]:
+        """(job id, version) of every lease a heartbeat should renew.
+
+        A job its guarded commit completed is done: nothing to renew.
+        """
+        return [
+            (a.lease.id, a.lease.version) for a in self.held.values() if not a.completed_in_atomic
+        ]
+
+    def holds_isolated(self) -> bool:
+        """A lease from CLAIM_ISOLATED is held: nothing may be claimed ahead beside it."""
+        return any(a.lease.isolated for a in self.held.values())
+
+    def statements(self) -> int:
+        """How many statements writing `pending` takes (one per kind)."""
+        return len({o.kind for o in self.pending.values()})
+
+    def write(self, cur: Cursor) -> dict[int, str]:
+        """Write every pending outcome, fenced; call `settle` once the cycle commits."""
+        if not self.pending:
+            return {}
+        return outcomes.write(cur, self.owner, outcomes.by_kind(self.pending.values()))
+
+    def write_each(self, cur: Cursor, savepoint: outcomes.Savepoint) -> dict[int, str]:
+        """After PostgreSQL refused the batch: every pending outcome alone (outcomes.write_each).
+
+        A refused outcome is replaced in `pending` by the FAIL written in its
+        place, so `settle` counts and reports what was really written.
+        """
+        each = outcomes.write_each(cur, self.owner, list(self.pending.values()), savepoint)
+        self.pending.update(each.replaced)
+        for job_id in each.abandoned:  # Left to its lease: no longer held, nothing pending.
+            if self.held.get(job_id) is self.pending[job_id].attempt:
+                del self.held[job_id]
+            del self.pending[job_id]
+        self.counters.add("outcomes_refused", len(each.replaced) + len(each.abandoned))
+        return each.written
+
+    def settle(self, written: dict[int, str]) -> list[Outcome]:
+        """After the commit: forget the written leases, count, report what was refused.
+
+        Outcomes stay pending until the commit succeeds, so a connection lost
+        mid-cycle only means the same guarded writes are sent again. Returns
+        the outcomes that were written, for `task_finished` (reporting.py).
+        """
+        done = []
+        for job_id, outcome in self.pending.items():
+            if self.held.get(job_id) is outcome.attempt:
+                del self.held[job_id]
+            result = written.get(job_id)
+            if result is None:
+                self.refused(outcome, "stale outcome (%s) refused")
+            else:
+                done.append(outcome)
+                self.counters.add(result)
+                if self.instrument:
+                    self.instrument.outcome_written(
+                        outcome.kind, result, outcome.lease, outcome.attempt.duration
+                    )
+        self.pending.clear()
+        return done
+
+    def refused(self, outcome: Outcome, message: str) -> None:
+        self.counters.add("stale_outcomes")
+        if self.instrument:
+            self.instrument.outcome_refused(outcome.kind, outcome.lease)
+        log_job(logger, logging.WARNING, outcome.lease, message, outcome.kind)
+
+    def idle(self) -> bool:
+        """Nothing held and nothing left to write."""
+        return not self.held and not self.pending and self.reported.empty()

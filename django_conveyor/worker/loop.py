@@ -1,0 +1,302 @@
+"""One worker process: a control loop that schedules services and runs cycles.
+
+The control loop owns the worker's database connection and does all of its
+protocol traffic. Each pass:
+
+1. runs the maintenance services that are due: the heartbeat, the reaper,
+   the timeouts, the registry and the cron scheduler (services/; base.py
+   says what a service is, and `Timetable` runs the due ones);
+2. runs one cycle: write every pending outcome and claim new work, in one
+   transaction (holdings.py holds the attempts and their outcomes,
+   outcomes.py writes them, claims.py sizes and runs the claim);
+3. sleeps until a NOTIFY (`Listener`, connections.py) or a finished handler
+   wakes it, a service is due, or the poll interval passes.
+
+Handlers run in slot threads (handlers/). Signals are in shutdown.py, which
+also says what a graceful stop does; the drain and the hand-back are this
+loop's own (`Worker.drain`, `Worker.hand_back`). Its options are in
+config.py; `--processes` is supervisor.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+
+import psycopg
+
+from . import outcomes
+from .attempts import RELEASE, Attempt, Outcome
+from .backoff import WORKER_RECONNECT_SECONDS, Ladder
+from .claims import Claimer
+from .config import WorkerConfig, WorkerOptions
+from .connections import Listener, LoopConnection
+from .handlers.reporting import Reporter
+from .handlers.slots import SlotPool
+from .holdings import Holdings
+from .instrument import Counters, log_job
+from .services.base import Now, Service, Timetable
+from .services.heartbeat import Heartbeat
+from .services.reaper import Reaper
+from .services.registry import Registry, WorkerInfo
+from .services.scheduler import SchedulerService
+from .services.timeouts import Timeouts
+from .shutdown import StopSignals, exit_process
+
+logger = logging.getLogger(__name__)
+
+EXIT_OK = 0
+DRAIN_PASS_SECONDS = 0.05  # How often the drain looks for finished handlers.
+DRAIN_RETRY_SECONDS = 0.2  # Pause after a database error while draining.
+
+
+class Worker:
+    def __init__(self, options: WorkerOptions) -> None:
+        self.options = options
+        self.config = config = WorkerConfig.resolve(options)
+        self.worker_id = config.worker_id
+        self.counters = Counters()
+        self.instrument = options.instrument  # None: no event is even called.
+        self.holdings = Holdings(
+            config.worker_id,
+            config.database,
+            self.counters,
+            self.instrument,
+            lease_seconds=config.lease_seconds,
+        )
+        self.slots = SlotPool(config.concurrency, self.on_outcome)
+        self.reporter = Reporter()  # task_finished, once an outcome committed.
+        self.claimer = Claimer(
+            owner=config.worker_id,
+            queues=config.queues,
+            concurrency=config.concurrency,
+            lease_seconds=config.lease_seconds,
+            prefetch=config.prefetch,
+        )
+        self.heartbeat = Heartbeat(
+            self.holdings, lease_seconds=config.lease_seconds, interval=config.heartbeat_seconds
+        )
+        self.registry = Registry(
+            WorkerInfo(id=config.worker_id, queues=config.queues, concurrency=config.concurrency),
+            leases_held=lambda: len(self.holdings.held),
+            interval=config.heartbeat_seconds,
+        )
+        self.timetable = Timetable(self.services(), self.counters)
+        # A listener DSN or poll-only mode means the main DSN may be a pooler.
+        self.connection = LoopConnection(
+            config.database, prepare=config.listen and not config.listener_dsn
+        )
+        self.wake = threading.Event()
+        self.stopping = threading.Event()
+        self.signals = StopSignals(
+            self.stop, options.stop_signals, repeat_is_hard=not options.supervised
+        )
+
+    def services(self) -> list[Service]:
+        """The maintenance services the control loop schedules, in the order a pass runs them."""
+        services: list[Service] = [
+            self.heartbeat,
+            Reaper(interval=self.config.reap_seconds),
+            Timeouts(self.holdings, abandon=self.slots.abandon),
+            self.registry,
+        ]
+        if self.options.cron:
+            services.append(SchedulerService(database=self.config.database))
+        return services
+
+    # -- lifecycle -----------------------------------------------------------
+
+    def run(self) -> int:
+        """Work until stopped (or, in burst mode, until nothing is ready)."""
+        config = self.config
+        self.signals.install()
+        logger.info(
+            "worker %s starting: queues=%s concurrency=%d lease=%.1fs %s",
+            self.worker_id,
+            ",".join(config.queues),
+            config.concurrency,
+            config.lease_seconds,
+            "listen+poll" if config.listen else "poll-only",
+        )
+        self.slots.start()
+        self.reporter.start()
+        if config.listen:
+            Listener(
+                database=config.database,
+                dsn=config.listener_dsn,
+                queues=frozenset(config.queues),
+                wake=self.wake.set,
+                stopping=self.stopping,
+            ).start()
+        try:
+            self.control_loop()
+            self.drain()
+            self.deregister()
+        finally:
+            self.slots.stop()
+            self.reporter.stop()
+            self.connection.drop()
+        logger.info(
+            "worker %s stopped: %s", self.worker_id, dict(sorted(self.counters.counts.items()))
+        )
+        return EXIT_OK
+
+    def run_to_exit(self) -> int:
+        """Run this process's worker; past stuck handler threads, end the process now."""
+        code = self.run()
+        if handlers := self.slots.in_handlers():
+            exit_process(code, handlers)
+        return code
+
+    def stop(self) -> None:
+        """The first stop signal: stop claiming; `run` then drains (shutdown.py says how)."""
+        self.stopping.set()
+        self.wake.set()
+
+    def drain(self) -> None:
+        """Hand back what has not started, wait for the rest, hand back leftovers."""
+        self.hand_back(self.slots.take_waiting(), reason="never started")
+        deadline = time.monotonic() + self.config.shutdown_timeout
+        while self.holdings.held and time.monotonic() < deadline:
+            try:
+                self.timetable.run_due(self.connection.get(), Now.read(), draining=True)
+                self.cycle(claim=False)
+            except psycopg.Error as exc:
+                logger.warning("database unavailable during shutdown (%s)", exc)
+                self.connection.drop()
+                time.sleep(DRAIN_RETRY_SECONDS)
+            self.wake.wait(DRAIN_PASS_SECONDS)
+            self.wake.clear()
+        self.hand_back(list(self.holdings.held.values()), reason="shutdown timeout reached")
+
+    def hand_back(self, attempts: list[Attempt], *, reason: str) -> None:
+        """Write RELEASE for these leases now (with any other pending outcome)."""
+        self.holdings.collect()  # A handler that just finished keeps its own outcome.
+        for attempt in attempts:
+            # A job inside its guarded block holds its row lock: handing it back
+            # would wait for the block. It commits, or rolls back and is reaped.
+            if attempt.in_atomic or attempt.completed_in_atomic:
+                continue
+            if self.holdings.give_up(attempt, Outcome(RELEASE, attempt), f"handed back: {reason}"):
+                log_job(logger, logging.INFO, attempt.lease, "lease handed back (%s)", reason)
+        try:
+            self.cycle(claim=False)
+        except psycopg.Error as exc:
+            self.connection.drop()
+            logger.warning("could not hand back leases (%s): they will expire and be reaped", exc)
+
+    def deregister(self) -> None:
+        """A clean exit: mark this worker's registry row stopped (lost rows say otherwise)."""
+        try:
+            with self.connection.get().cursor() as cur:
+                self.registry.stop(cur)
+        except psycopg.Error as exc:
+            logger.warning("could not mark the worker stopped (%s); it will show as lost", exc)
+
+    def on_outcome(self, outcome: Outcome) -> None:
+        """Called from a slot thread: queue the outcome and wake the control loop."""
+        self.holdings.report(outcome)
+        self.wake.set()
+
+    # -- the control loop ----------------------------------------------------
+
+    def control_loop(self) -> None:
+        reconnect = Ladder(WORKER_RECONNECT_SECONDS)
+        while not self.stopping.is_set():
+            self.wake.clear()  # Wake-ups during this pass keep the next wait short.
+            try:
+                claimed = self.one_pass()
+                reconnect.reset()
+            except Exception as exc:  # The loop logs and carries on.
+                delay = reconnect.next_delay()
+                if isinstance(exc, psycopg.OperationalError):
+                    logger.warning("database unavailable (%s); reconnecting in %.1fs", exc, delay)
+                else:
+                    logger.exception("control loop error; retrying in %.1fs", delay)
+                self.connection.drop()  # Pending outcomes are written again, fenced.
+                self.stopping.wait(delay)
+                continue
+            if self.options.max_jobs and self.holdings.finished_attempts >= self.options.max_jobs:
+                logger.info("max jobs reached (%d): stopping", self.holdings.finished_attempts)
+                self.stop()
+                break
+            if claimed:
+                continue  # There may be more ready work: claim again before sleeping.
+            if self.options.burst and self.idle():
+                logger.info("burst: nothing ready and nothing held, exiting")
+                break
+            self.wake.wait(self.sleep_seconds())
+
+    def one_pass(self) -> int:
+        """Run the services that are due, then one cycle; returns how many jobs it claimed."""
+        self.timetable.run_due(self.connection.get(), Now.read())
+        if self.instrument:
+            self.instrument.leases_counted(
+                held=len(self.holdings.held), in_flight=self.slots.running()
+            )
+        return self.cycle()
+
+    def cycle(self, *, claim: bool = True) -> int:
+        """Write pending outcomes and claim new work in one transaction: one commit."""
+        leases = self.holdings
+        leases.collect()
+        now = time.monotonic()
+        steps = (
+            self.claimer.plan(
+                running=self.slots.running(),
+                waiting=self.slots.waiting(),
+                avg_duration=self.slots.avg_duration,
+                holds_isolated=leases.holds_isolated(),
+                now=now,
+            )
+            if claim and not self.stopping.is_set()
+            else []
+        )
+        if not leases.pending and not steps:
+            return 0
+        conn = self.connection.get()
+        # One statement is its own transaction in autocommit: skip BEGIN and
+        # COMMIT round trips (an idle worker's claim is the latency path). A
+        # step that runs only after a claim that found nothing needs no
+        # transaction around the two.
+        statements = leases.statements() + sum(not s.if_none_claimed for s in steps)
+        try:
+            with (
+                conn.transaction() if statements > 1 else contextlib.nullcontext(),
+                conn.cursor() as cur,
+            ):
+                written = leases.write(cur)
+                claimed = self.claimer.claim(cur, steps, now)
+        except Exception as exc:
+            if not leases.pending or not outcomes.refused_value(exc) or conn.closed:
+                raise  # The loop logs it, reconnects if need be, and tries again.
+            # Rolled back, claim included. Isolate the row PostgreSQL refused:
+            # each outcome in a savepoint, then the claim, in one transaction.
+            logger.warning(
+                "a batch of %d outcome(s) was refused (%s); writing them one by one",
+                len(leases.pending),
+                exc,
+            )
+            with conn.transaction(), conn.cursor() as cur:
+                written = leases.write_each(cur, conn.transaction)
+                claimed = self.claimer.claim(cur, steps, now)
+        for outcome in leases.settle(written):
+            self.reporter.submit(outcome)
+        for attempt in leases.take(claimed):
+            self.slots.submit(attempt)
+        return len(claimed)
+
+    def idle(self) -> bool:
+        """Nothing attempt, nothing running, nothing left to write.
+
+        A handler abandoned after its timeout does not count: its lease is gone.
+        """
+        return self.holdings.idle() and not self.slots.running()
+
+    def sleep_seconds(self) -> float:
+        """Until the poll interval passes or the next service is due."""
+        return min(
+            self.config.poll_seconds, max(self.timetable.earliest_due() - time.monotonic(), 0.0)
+        )

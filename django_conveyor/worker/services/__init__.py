@@ -1,0 +1,1 @@
+"""The maintenance services a worker's control loop schedules (base.py says what one is)."""

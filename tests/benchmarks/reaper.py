@@ -1,0 +1,150 @@
+"""The reaper's figure: how long 10,000 expired leases take to be available again.
+
+    python tests/benchmarks/reaper.py [--jobs 10000] [--reap-seconds S] [--timeout 600]
+                                      [--out FILE.json]
+
+Runs against the tests' PostgreSQL (DATABASE_URL, else the embedded server in
+var/), in a database of its own (`conveyor_reaper_bench`, recreated each run).
+
+`--jobs` jobs are written `running`, held by a worker that is gone, their
+leases expired an hour ago, in a queue no worker serves (so nothing claims
+them once they are back). Then one `conveyor_worker` process starts with the
+default `REAP_SECONDS`, `HEARTBEAT_SECONDS` and `POLL_SECONDS` (the tests'
+settings shorten them), so its reaper runs at its normal interval, and the
+script waits until none of the jobs is running.
+
+Figures: the seconds from the worker's start until every job is available
+(wall clock, the process's start-up included), the reaper's own span on the
+database's clock (from the first job taken back to the last: REAP sets
+`run_after` to its statement's `now()`), and how many REAP statements took
+jobs back (the distinct `run_after` values). Prints one JSON document (and
+writes it to --out) and exits 1 unless every job ended `available`. Not a
+timed test: figures depend on the machine, so compare runs of one machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(REPO))
+
+import scratch  # noqa: E402  (beside this script)
+
+DB_NAME = "conveyor_reaper_bench"
+QUEUE = "reaped"  # No worker serves it: a job taken back stays available.
+POLL_SECONDS = 0.05
+
+
+def setup_django() -> None:
+    scratch.setup_django(DB_NAME)
+    scratch.recreate(DB_NAME)
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+
+
+def expire(jobs: int) -> None:
+    """Write `jobs` running jobs whose leases expired an hour ago, held by no live worker."""
+    from django_conveyor.models import Job
+
+    long_ago = datetime.now(UTC) - timedelta(hours=1)
+    Job.objects.bulk_create(
+        [
+            Job(
+                task_path="tests.testapp.tasks.noop",
+                queue=QUEUE,
+                state="running",
+                attempt=1,
+                max_attempts=5,
+                lease_owner="gone:1:000000",
+                lease_version=1,
+                lease_expires_at=long_ago,
+                started_at=long_ago,
+                run_after=long_ago,
+                enqueued_at=long_ago,
+            )
+            for _ in range(jobs)
+        ],
+        batch_size=2000,
+    )
+
+
+def running() -> int:
+    from django_conveyor.models import Job
+
+    return Job.objects.filter(queue=QUEUE, state="running").count()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=10_000)
+    parser.add_argument(
+        "--reap-seconds", type=float, help="the worker's REAP_SECONDS (default: the setting's)"
+    )
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds to wait at most")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args()
+    setup_django()
+    expire(args.jobs)
+    from django.db.models import Count, Max, Min
+
+    from django_conveyor.conf import ConveyorSettings
+    from django_conveyor.models import Job
+
+    timing = {
+        name: getattr(ConveyorSettings, name).default
+        for name in ("REAP_SECONDS", "HEARTBEAT_SECONDS", "POLL_SECONDS")
+    }
+    if args.reap_seconds is not None:
+        timing["REAP_SECONDS"] = args.reap_seconds
+    log_path = REPO / "var" / "reaper-bench-worker.log"
+    log_path.parent.mkdir(exist_ok=True)
+    with open(log_path, "ab") as log:
+        started = time.perf_counter()
+        worker = scratch.start_worker(log, CONVEYOR_TEST_CONVEYOR_JSON=json.dumps(timing))
+        try:
+            left = args.jobs
+            while left and time.perf_counter() - started < args.timeout:
+                if worker.poll() is not None:
+                    raise SystemExit(f"the worker exited {worker.returncode}; see {log_path}")
+                time.sleep(POLL_SECONDS)
+                left = running()
+            wall = time.perf_counter() - started
+        finally:
+            os.killpg(worker.pid, signal.SIGTERM)
+            worker.wait(timeout=60)
+    row = Job.objects.filter(queue=QUEUE).aggregate(
+        first=Min("run_after"), last=Max("run_after"), statements=Count("run_after", distinct=True)
+    )
+    states = dict(
+        Job.objects.filter(queue=QUEUE).values_list("state").annotate(n=Count("id")).order_by()
+    )
+    result = {
+        "date": datetime.now(UTC).date().isoformat(),
+        "jobs": args.jobs,
+        "worker_settings": timing,
+        "states": states,
+        "seconds_until_all_available": round(wall, 3),
+        "reaper_span_seconds": round((row["last"] - row["first"]).total_seconds(), 3),
+        "reap_statements": row["statements"],
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+    }
+    print(json.dumps(result, indent=2))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=2) + "\n")
+    scratch.drop(DB_NAME)
+    return 0 if states == {"available": args.jobs} else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
