@@ -11,13 +11,17 @@ from typing import Any
 
 from .exceptions import ConveyorError, Discard, LeaseLost, Snooze
 
-__all__ = ["ConveyorError", "Discard", "LeaseLost", "Snooze", "task"]
+__all__ = ["ConveyorError", "Discard", "LeaseLost", "Snooze", "Unique", "task"]
 
 
 def __getattr__(name: str) -> Any:
-    # `task` imports django.tasks, which needs settings; load it on first use.
+    # `task` and `Unique` import django.tasks, which needs settings; load them on first use.
     if name == "task":
         from .tasks import task
 
         return task
+    if name == "Unique":
+        from .unique import Unique
+
+        return Unique
     raise AttributeError(name)

@@ -6,12 +6,18 @@ exist for reading (admin, get_result) and for migrations.
 
 from __future__ import annotations
 
+import datetime as dt
+
 from django.db import models
 from django.db.models import JSONField, Q, Value
+from django.db.models.functions import Coalesce
 
 from .states import JobState
 
 PRIORITY_RANGE = Q(priority__gte=-100) & Q(priority__lte=100)
+# The window of a unique key without a period, in its index only: PostgreSQL
+# 14 has no NULLS NOT DISTINCT, and NULL windows must collide.
+UNIQUE_NO_WINDOW = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 
 class DependencyPolicy(models.TextChoices):
@@ -67,6 +73,15 @@ class Job(models.Model):
         default=DependencyPolicy.CANCEL,
         db_default=DependencyPolicy.CANCEL.value,
     )
+    # Unique jobs (docs/unique-jobs.md), all NULL for a job without `unique`:
+    # the key (a hex SHA-256 of what `by` names), the start of its period
+    # bucket (from the database's now()), the states in which the job holds
+    # the key (the unique index's predicate reads them), and what the key was
+    # made of ({"by", "key", "period", "on_duplicate", "replaced", "replaced_at"}).
+    unique_key = models.CharField(max_length=64, null=True, blank=True)  # noqa: DJ001
+    unique_window = models.DateTimeField(null=True, blank=True)
+    unique_states = models.JSONField(null=True, blank=True)  # A list of state names.
+    uniqueness = models.JSONField(null=True, blank=True)
 
     class Meta:
         db_table = "conveyor_job"
@@ -139,6 +154,13 @@ class Job(models.Model):
             # range per (state, queue), in id order) and the console's state
             # filter.
             models.Index(fields=["state", "queue", "id"], name="conveyor_job_list_idx"),
+            # Unique jobs: every job that ever had a key, newest first, for the
+            # admin's search by key. Keyed rows only.
+            models.Index(
+                fields=["unique_key", "id"],
+                name="conveyor_job_unique_key_idx",
+                condition=Q(unique_key__isnull=False),
+            ),
         ]
         constraints = [
             # Partial: most jobs have no key, and every claim and completion of a
@@ -158,6 +180,17 @@ class Job(models.Model):
             models.CheckConstraint(
                 condition=Q(dependency_policy__in=[p.value for p in DependencyPolicy]),
                 name="conveyor_job_dependency_policy_valid",
+            ),
+            # Unique jobs: one job per key and window among the states the job
+            # itself names. The predicate reads the row's own state, so the
+            # statement that moves a job out of those states frees its key; a
+            # job without a key has no entry (its claims and completions write
+            # none). protocol.py repeats the predicate verbatim (_HOLDS_KEY).
+            models.UniqueConstraint(
+                models.F("unique_key"),
+                Coalesce("unique_window", Value(UNIQUE_NO_WINDOW)),
+                condition=Q(unique_key__isnull=False) & Q(unique_states__has_key=models.F("state")),
+                name="conveyor_job_unique_key_uniq",
             ),
         ]
 

@@ -1,7 +1,7 @@
 """The backend's Task class, its workflow `Step`, a `task` decorator with its options, the resolver.
 
-`ConveyorTask` adds per-task `max_attempts`, `timeout`, backoff bounds and a
-per-call `idempotency_key` to the standard Task. The decorator works on
+`ConveyorTask` adds per-task `max_attempts`, `timeout`, backoff bounds, a
+per-call `idempotency_key` and `unique` (unique.py) to the standard Task. The decorator works on
 Django 6.0, 6.1 and the 5.2 backport alike, because it builds the backend's
 task class itself instead of relying on keyword forwarding.
 """
@@ -24,6 +24,7 @@ from .compat import (
     task_backends,
 )
 from .exceptions import UnknownTask
+from .unique import Unique
 
 OPTION_NAMES = (
     "max_attempts",
@@ -32,6 +33,7 @@ OPTION_NAMES = (
     "backoff_cap",
     "idempotency_key",
     "dependency_policy",
+    "unique",
 )
 DEPENDENCY_POLICIES = ("cancel", "run")
 # Read by the worker from the task itself, so a per-call value could not reach it.
@@ -50,6 +52,7 @@ class ConveyorTask(Task):
     idempotency_key: str | None = None  # Set per call with .using(); one job per key.
     depends_on: tuple[str, ...] = ()  # Result ids this call waits for; per call, .using().
     dependency_policy: str = "cancel"  # "run": run once every dependency is final.
+    unique: Unique | None = None  # One job per key among chosen states (docs/unique-jobs.md).
 
     def __post_init__(self) -> None:
         Task.__post_init__(self)  # No bare super(): slotted dataclasses lose its cell.
@@ -60,10 +63,12 @@ class ConveyorTask(Task):
         *,
         idempotency_key: str | None = None,
         depends_on: Iterable[Any] | None = None,
+        unique: Unique | bool | None = None,
         **changes: Any,
     ) -> ConveyorTask:
         """Like Task.using(), plus `max_attempts`, `idempotency_key`, `depends_on`
-        (results or result ids of jobs already enqueued) and `dependency_policy`."""
+        (results or result ids of jobs already enqueued), `dependency_policy` and
+        `unique` (a `Unique`, or False for none on this call)."""
         per_task = sorted(set(changes) & set(PER_TASK_OPTIONS))
         if per_task:
             raise TypeError(
@@ -77,6 +82,8 @@ class ConveyorTask(Task):
             extra["depends_on"] = dependency_ids(depends_on)
         task = Task.using(self, **changes) if changes else self
         extra = {k: v for k, v in extra.items() if v is not None}
+        if unique is not None:
+            extra["unique"] = None if unique is False else unique  # validate_task checks it.
         return replace(task, **extra) if extra else task
 
     def step(self, *args: Any, **kwargs: Any) -> Step:
