@@ -423,6 +423,8 @@ def _insert(
             row["unique_period"] = job.unique.period
             row["unique_states"] = list(job.unique.states)
             row["uniqueness"] = job.unique.info
+            if replaced := len([i for i in entry.replacers if i != entry.first]):
+                row["uniqueness"] = {**job.unique.info, "replaced": replaced}
         rows.append(row)
     cursor.execute(ENQUEUE, {"rows": _json(rows), "notify": notify, "channel": NOTIFY_CHANNEL})
     inserted = cursor.fetchall()

@@ -192,13 +192,14 @@ def unique_call(
 def _key_value(
     function: Callable[..., Any], task_name: str, args: list[Any], kwargs: Mapping[str, Any]
 ) -> Any:
-    what = f"Unique(by={_dotted(function)}) of {task_name}()"
     try:
         value = function(*args, **kwargs)
     except Exception as exc:
-        raise InvalidTask(f"{what} raised {type(exc).__name__}: {exc}.") from exc
+        raise InvalidTask(
+            f"Unique(by={_dotted(function)}) of {task_name}() raised {type(exc).__name__}: {exc}."
+        ) from exc
     try:
-        return json.loads(to_json(value, f"{what} returned a value that"))
+        return json.loads(to_json(value, f"The key Unique(by=...) of {task_name}() returned"))
     except ArgumentsNotSerializable as exc:
         raise InvalidTask(str(exc)) from exc
 
