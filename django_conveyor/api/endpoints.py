@@ -12,6 +12,7 @@ from __future__ import annotations
 import inspect
 import logging
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 from django.http import HttpRequest, HttpResponse
@@ -27,6 +28,7 @@ from ..exceptions import ArgumentsNotSerializable, IdempotencyKeyReused
 from ..models import Job
 from ..results import parse_result_id, result_id
 from ..states import CANCELLABLE_STATES, REQUEUEABLE_STATES, JobState
+from ..unique import Unique
 from . import listing
 from .allowlist import NotAllowed, UnknownTask, allow_list
 from .auth import credentials
@@ -39,6 +41,7 @@ from .schemas import (
     JobPage,
     QueueOut,
     StateName,
+    UniqueIn,
 )
 from .schemas import Problem as ProblemOut
 
@@ -94,6 +97,28 @@ def job_out(job: Job, database: str) -> dict[str, Any]:
         "errors": job.errors,
         "cancel_requested_at": job.cancel_requested_at,
         "cancel_requested_by": job.cancel_requested_by,
+        "unique": unique_out(job),
+    }
+
+
+def unique_out(job: Job) -> dict[str, Any] | None:
+    """A unique job's key and what it was made of (UniqueOut); None without a key."""
+    if job.unique_key is None:
+        return None
+    info = job.uniqueness or {}
+    period = info.get("period")
+    window = job.unique_window
+    return {
+        "key": job.unique_key,
+        "window_start": window,
+        "window_end": window + timedelta(seconds=period) if window and period else None,
+        "period": period,
+        "by": info.get("by", []),
+        "value": info.get("key"),
+        "states": job.unique_states or [],
+        "on_duplicate": info.get("on_duplicate", "skip"),
+        "replaced": info.get("replaced", 0),
+        "replaced_at": info.get("replaced_at"),
     }
 
 
@@ -143,10 +168,21 @@ def _called(task: Task, body: EnqueueIn, key: str | None) -> Task:
         changes["run_after"] = body.run_after
     if key is not None:
         changes["idempotency_key"] = key
+    if body.unique is not None:
+        changes["unique"] = body.unique and _unique(body.unique)
     try:
         return task.using(**changes) if changes else task
     except InvalidTask as exc:
         raise field_problem(None, str(exc)) from None
+
+
+def _unique(body: UniqueIn) -> Unique:
+    try:
+        return Unique(
+            by=body.by, period=body.period, states=body.states, on_duplicate=body.on_duplicate
+        )
+    except InvalidTask as exc:
+        raise field_problem("unique", str(exc)) from None
 
 
 def _created_job(task: Task, result: Any, key: str | None) -> dict[str, Any]:
@@ -168,6 +204,7 @@ def _created_job(task: Task, result: Any, key: str | None) -> dict[str, Any]:
         "idempotency_key": key,
         "return_value": None,
         "errors": [],
+        "unique": None,
     }
 
 
@@ -191,7 +228,10 @@ def enqueue_job(
     ),
 ) -> Status:
     """201 with the new job; 200 with the existing job when the Idempotency-Key was seen
-    with the same task, arguments and queue; 409 when it was seen with another call."""
+    with the same task, arguments and queue, or when the call's unique key is held by a
+    job (`unique`, or the task's own): that job, with its new arguments under
+    on_duplicate 'replace' if it had not started; 409 when the Idempotency-Key was seen
+    with another call."""
     if idempotency_key is not None and not 0 < len(idempotency_key) <= MAX_IDEMPOTENCY_KEY_LENGTH:
         raise field_problem(
             "Idempotency-Key",
@@ -211,10 +251,10 @@ def enqueue_job(
     except ArgumentsNotSerializable as exc:
         raise field_problem("args", str(exc)) from None
     response["Location"] = _location(result.id)
-    if result.created:
+    if result.created and getattr(task, "unique", None) is None:
         return Status(201, _created_job(task, result, idempotency_key))
-    database, job = _job(result.id)
-    return Status(200, job_out(job, database))
+    database, job = _job(result.id)  # Read back: the key's window comes from the database.
+    return Status(201 if result.created else 200, job_out(job, database))
 
 
 @router.get(
@@ -244,6 +284,11 @@ def list_jobs(
     state: StateName | None = Query(None, description="Only jobs in this state."),
     queue: str | None = Query(None, max_length=64, description="Only jobs of this queue."),
     task: str | None = Query(None, max_length=255, description="Only jobs of this task path."),
+    unique_key: str | None = Query(
+        None,
+        pattern="^[0-9a-f]{64}$",
+        description="Only jobs with this unique key (every job that held it, in every window).",
+    ),
     cursor: str | None = Query(None, description="`next_cursor` of the previous page."),
     limit: int = Query(DEFAULT_PAGE_SIZE, ge=1, le=MAX_PAGE_SIZE),
 ) -> dict[str, Any]:
@@ -255,12 +300,25 @@ def list_jobs(
     settings = conveyor_settings()
     database = settings.database_for(queue) if queue else settings.DATABASE
     jobs, next_before = listing.page(
-        database, state=state, queue=queue, task=task, before=before, limit=limit
+        database,
+        state=state,
+        queue=queue,
+        task=task,
+        before=before,
+        limit=limit,
+        unique_key=unique_key,
     )
     return {
         "items": [job_summary(job, database) for job in jobs],
         "next_cursor": listing.encode_cursor(next_before) if next_before else None,
     }
+
+
+def _key_holder(database: str, job: Job) -> tuple[int, str] | None:
+    """The job that holds this job's unique key, if another does."""
+    if job.unique_key is None:
+        return None
+    return operations.key_holders([job.id], database=database).get(job.id)
 
 
 def _conflict(job_id: str, job: Job, verb: str, allowed: frozenset[JobState]) -> Problem:
@@ -285,6 +343,15 @@ def _operate(
     # The job's history records who asked: "api:<key name>" or "admin:<username>".
     changed = action([job.id], database=database, actor=request.auth.actor)
     job.refresh_from_db(using=database)
+    if not changed and job.state in allowed and (holder := _key_holder(database, job)):
+        holder_id, holder_state = holder
+        raise Problem(
+            409,
+            f"Job {job_id} was not {verb}: its unique key is held by job "
+            f"{result_id(database, holder_id)} ({holder_state}); two jobs cannot hold one key. "
+            "Cancel that job, or wait for it to finish, then requeue this one.",
+            job_id=job_id,
+        )
     if not changed and job.state in allowed:  # REQUEUE's dependency guard refused it.
         raise Problem(
             409,

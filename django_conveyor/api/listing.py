@@ -13,7 +13,9 @@ its branch, so the planner knows from the statistics which pairs are rare
 (read from the index range) and which hold most of the table (read from
 the primary key backwards, which fills a page as fast). Without either
 filter the primary key is read backwards. The `task` filter is applied
-inside those reads.
+inside those reads. With `unique_key` (unique jobs), the page is a range of
+`conveyor_job_unique_key_idx` `(unique_key, id)`, the other filters applied
+to the few jobs of that key.
 """
 
 from __future__ import annotations
@@ -42,6 +44,12 @@ ORDER BY j.id DESC
 LIMIT %(limit)s
 """
 TASK_FILTER = "AND j.task_path = %(task)s"
+KEY_PAGE = """
+SELECT j.* FROM conveyor_job AS j
+WHERE j.unique_key = %(unique_key)s AND j.id < %(before)s {filters}
+ORDER BY j.id DESC
+LIMIT %(limit)s
+"""
 NO_CURSOR = 2**63 - 1
 
 
@@ -84,10 +92,17 @@ def query(
     task: str | None,
     before: int,
     limit: int,
+    unique_key: str | None = None,
 ) -> tuple[str, dict[str, Any]]:
     """The SQL of one page of at most `limit` jobs, and its parameters."""
     params: dict[str, Any] = {"task": task, "before": before, "limit": limit}
     task_filter = TASK_FILTER if task else ""
+    if unique_key:
+        params.update(unique_key=unique_key, state=state, queue=queue)
+        filters = [task_filter]
+        filters += ["AND j.state = %(state)s"] if state else []
+        filters += ["AND j.queue = %(queue)s"] if queue else []
+        return KEY_PAGE.format(filters=" ".join(filters)), params
     if not (state or queue):
         return PAGE.format(task=task_filter), params
     pairs = _pairs(database, state, queue)
@@ -108,7 +123,7 @@ def query(
 def page(database: str, *, limit: int, **filters: Any) -> tuple[list[Job], int | None]:
     """One page (newest first) and the cursor id of the next, or None on the last.
 
-    `filters` are those of `query()`: state, queue, task and before.
+    `filters` are those of `query()`: state, queue, task, before and unique_key.
     """
     sql, params = query(database, limit=limit + 1, **filters)
     jobs = list(Job.objects.using(database).raw(sql, params))
