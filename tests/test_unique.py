@@ -1,11 +1,13 @@
 """Unique jobs: the option, keys, skip, replace, the index, bulk, requeue (docs/unique-jobs.md)."""
 
 import datetime as dt
+import io
 import threading
 from collections import Counter
 
 import psycopg
 import pytest
+from django.core.management import call_command
 from django.db import connection, connections, transaction
 from django.test.utils import CaptureQueriesContext
 
@@ -554,6 +556,17 @@ class TestRequeue:
         protocol.cancel(cur, ids=[int(newer.id)])
         assert operations.requeue([int(first.id)]) == [int(first.id)]
         assert Job.objects.get(pk=first.id).state == "available"
+
+    def test_the_command_names_the_job_holding_the_key(self, cur):
+        first = tasks.unique_add.enqueue(1, 2)
+        protocol.cancel(cur, ids=[int(first.id)])
+        newer = tasks.unique_add.enqueue(1, 2)
+        out, err = io.StringIO(), io.StringIO()
+        call_command("conveyor_jobs", "requeue", "--ids", first.id, stdout=out, stderr=err)
+        assert out.getvalue() == "Requeued 0 job(s).\n"
+        assert f"Job {first.id} was not requeued: its unique key is held by job {newer.id}" in (
+            err.getvalue()
+        )
 
     def test_of_jobs_sharing_a_key_only_the_first_comes_back(self, cur):
         ids = []

@@ -1,15 +1,16 @@
-"""What the job page shows besides the columns: attempts, history, payloads."""
+"""What the job page shows besides the columns: attempts, history, payloads, uniqueness."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.utils.dateparse import parse_datetime
 from django.utils.html import format_html
 
+from .. import operations
 from ..models import Job
 from ..states import JobState
 
@@ -97,3 +98,45 @@ def history(job: Job) -> list[HistoryEntry]:
 def pretty_json(value: Any) -> str:
     text = json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True)
     return format_html("<pre class='conveyor-json'>{}</pre>", text)
+
+
+@dataclass(frozen=True, slots=True)
+class Uniqueness:
+    """A unique job's key, what it was made of, and which job holds it now."""
+
+    key: str
+    window_start: datetime | None
+    window_end: datetime | None
+    period: int | None
+    by: list[str]
+    value: Any  # What the callable of `by` returned (derived from the arguments).
+    states: list[str]
+    on_duplicate: str
+    replaced: int
+    replaced_at: datetime | None
+    holds_it: bool  # This job holds the key now.
+    holder: tuple[int, str] | None  # Else the job that does, and its state (None: no job).
+
+
+def uniqueness(job: Job, database: str) -> Uniqueness | None:
+    if job.unique_key is None:
+        return None
+    info = job.uniqueness or {}
+    period = info.get("period")
+    start = job.unique_window
+    holds_it = job.state in (job.unique_states or [])
+    holder = None if holds_it else operations.key_holders([job.pk], database=database).get(job.pk)
+    return Uniqueness(
+        key=job.unique_key,
+        window_start=start,
+        window_end=start + timedelta(seconds=period) if start and period else None,
+        period=period,
+        by=info.get("by", []),
+        value=info.get("key"),
+        states=job.unique_states or [],
+        on_duplicate=info.get("on_duplicate", "skip"),
+        replaced=info.get("replaced", 0),
+        replaced_at=_time(info.get("replaced_at")),
+        holds_it=holds_it,
+        holder=holder,
+    )

@@ -8,6 +8,7 @@ list's order, and counts past EXACT_COUNT_LIMIT are the planner's estimates.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from django.contrib import admin
@@ -29,6 +30,8 @@ from ..tasks import known_task_paths
 from . import jobpage, workflow
 from .actions import cancel_jobs, job_page_action, requeue_jobs
 from .base import EstimatedCountPaginator, ReadOnlyAdmin, can_view_payloads
+
+UNIQUE_KEY = re.compile(r"[0-9a-f]{64}")
 
 LIST_COLUMNS = (
     "id",
@@ -131,7 +134,7 @@ class JobAdmin(ReadOnlyAdmin):
     list_columns = LIST_COLUMNS
     list_filter = ("state", QueueFilter, TaskFilter, WorkerFilter)
     search_fields = ("=id",)  # Shows the box; get_search_results decides.
-    search_help_text = "An exact job id or idempotency key, or part of a task's path."
+    search_help_text = "An exact job id, idempotency key or unique key, or part of a task's path."
     sortable_by = ("id",)  # Sorting by anything else would sort the whole table.
     actions = [requeue_jobs, cancel_jobs]
     inlines = [LedgerInline]
@@ -149,6 +152,8 @@ class JobAdmin(ReadOnlyAdmin):
         if not term:
             return queryset, False
         match = Q(idempotency_key=term)
+        if UNIQUE_KEY.fullmatch(term):  # Every job that held it (conveyor_job_unique_key_idx).
+            match |= Q(unique_key=term)
         if term.isdigit():
             match |= Q(pk=int(term))
         paths = [p for p in known_task_paths() if term.lower() in p.lower()]
@@ -259,6 +264,8 @@ class JobAdmin(ReadOnlyAdmin):
                 or (job.state == JobState.RUNNING and job.cancel_requested_at is None),
                 requeue_url=reverse("admin:conveyor_job_requeue", args=[job.pk]),
                 workflow=workflow.neighbours(job, conveyor_settings().DATABASE),
+                uniqueness=jobpage.uniqueness(job, conveyor_settings().DATABASE),
+                jobs_with_key_url=reverse("admin:conveyor_job_changelist"),
                 workflow_url=reverse("admin:conveyor_job_workflow", args=[job.pk]),
                 cancel_url=reverse("admin:conveyor_job_cancel", args=[job.pk]),
             )

@@ -71,3 +71,12 @@ class Command(BaseCommand):
         changed = action(ids, database=database, actor="cli")
         verb = {"requeue": "Requeued", "cancel": "Cancelled"}[options["action"]]
         self.stdout.write(f"{verb} {len(changed)} job(s).")
+        if options["action"] == "requeue" and len(changed) < len(ids):
+            left = sorted(set(ids) - set(changed))
+            for job_id, (holder, state) in sorted(
+                operations.key_holders(left, database=database).items()
+            ):
+                self.stderr.write(
+                    f"Job {job_id} was not requeued: its unique key is held by job {holder} "
+                    f"({state}). Cancel that job, or wait for it to finish, then requeue."
+                )
