@@ -41,7 +41,7 @@ logger = logging.getLogger(__name__)
 MAX_IDEMPOTENCY_KEY_LENGTH = 255
 PER_CALL_OPTIONS = ("idempotency_key", "unique")  # What one call of enqueue_many() may set.
 # Folding the call into another job would drop the dependencies it asked for.
-_UNIQUE_WITH_DEPENDENCIES = (
+UNIQUE_WITH_DEPENDENCIES = (
     "A unique job cannot wait for dependencies: {name}() has unique=Unique(...), and a call "
     "folded into an existing job would lose its depends_on. In a workflow, give the steps "
     "after the first .using(unique=False)."
@@ -132,7 +132,7 @@ class ConveyorBackend(BaseTaskBackend):
                 f"{type(unique).__name__} {unique!r:.80}."
             )
         if unique is not None and getattr(task, "depends_on", ()):
-            raise InvalidTask(_UNIQUE_WITH_DEPENDENCIES.format(name=task.name))
+            raise InvalidTask(UNIQUE_WITH_DEPENDENCIES.format(name=task.name))
 
     def new_job(
         self, task: Any, args: Sequence[Any], kwargs: dict[str, Any], after: Sequence[int] = ()
@@ -148,7 +148,7 @@ class ConveyorBackend(BaseTaskBackend):
         depends_on = (*self._dependency_job_ids(task), *after)
         unique = getattr(task, "unique", None)
         if unique is not None and depends_on:
-            raise InvalidTask(_UNIQUE_WITH_DEPENDENCIES.format(name=task.name))
+            raise InvalidTask(UNIQUE_WITH_DEPENDENCIES.format(name=task.name))
         if unique is not None:
             unique = unique_call(
                 unique,

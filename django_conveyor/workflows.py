@@ -25,6 +25,8 @@ from asgiref.sync import sync_to_async
 from django.db import connections, transaction
 
 from . import protocol
+from .backend import UNIQUE_WITH_DEPENDENCIES
+from .compat import InvalidTask
 from .conf import conveyor_settings
 from .exceptions import DependencyCycle, DependencyInOtherDatabase, TooManyDependencies
 from .results import ConveyorTaskResult
@@ -125,6 +127,8 @@ class Workflow:
         jobs = []
         for index, step in enumerate(steps):
             job = step.task.get_backend().new_job(step.task, step.args, step.kwargs)
+            if job.unique is not None and edges[index]:
+                raise InvalidTask(UNIQUE_WITH_DEPENDENCIES.format(name=step.task.name))
             wanted = len(set(job.depends_on)) + len(edges[index])
             if wanted > protocol.MAX_DEPENDENCIES:
                 raise TooManyDependencies(

@@ -102,6 +102,21 @@ class TestTheOption:
         assert Job.objects.count() == 1
 
 
+class TestInAWorkflow:
+    def test_a_unique_step_may_start_a_workflow_but_not_wait_in_one(self):
+        from django_conveyor.workflows import chain
+
+        started = chain(tasks.unique_add.step(1, 2), tasks.add.step(3, 4)).enqueue()
+        assert len(started.results) == 2 and Job.objects.count() == 2
+        with pytest.raises(
+            InvalidTask, match=r"unique_add\(\) has unique=.*\.using\(unique=False\)"
+        ):
+            chain(tasks.add.step(5, 6), tasks.unique_add.step(7, 8)).enqueue()
+        assert Job.objects.count() == 2  # The whole workflow is refused.
+        chain(tasks.add.step(5, 6), tasks.unique_add.using(unique=False).step(7, 8)).enqueue()
+        assert Job.objects.count() == 4
+
+
 class TestTheKey:
     def test_what_by_names_makes_the_key(self):
         a = tasks.unique_add.enqueue(1, 2)
