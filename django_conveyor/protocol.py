@@ -420,11 +420,13 @@ def _insert(
         }
         if job.unique is not None:  # A job without `unique` sends what it always did.
             row["unique_key"] = job.unique.key
-            row["unique_period"] = job.unique.period
-            row["unique_states"] = list(job.unique.states)
-            row["uniqueness"] = job.unique.info
+            row["unique_states"] = job.unique.states
+            if job.unique.period is not None:
+                row["unique_period"] = job.unique.period
+            info = job.unique.info
             if replaced := len([i for i in entry.replacers if i != entry.first]):
-                row["uniqueness"] = {**job.unique.info, "replaced": replaced}
+                info = {**info, "replaced": replaced}
+            row["uniqueness"] = info
         rows.append(row)
     cursor.execute(ENQUEUE, {"rows": _json(rows), "notify": notify, "channel": NOTIFY_CHANNEL})
     inserted = cursor.fetchall()
@@ -560,12 +562,12 @@ def _answer(
             _check_same_operation(job.idempotency_key, first.id, job, named["task_path"],
                                   named["args"], named["kwargs"], named["queue"])  # fmt: skip
         replacer = outcome.wrote and index in entry.replacers
-        if index == entry.first:
-            results[index] = replace(first, replaced=replacer and not first.created)
-            if first.created:
-                results[index] = replace(results[index], row=None)
-        else:
+        if index != entry.first:
             results[index] = replace(first, created=False, replaced=replacer)
+        elif first.created:  # Without the row its later calls get.
+            results[index] = first if first.row is None else replace(first, row=None)
+        else:
+            results[index] = replace(first, replaced=replacer) if replacer else first
 
 
 def _call_of(job: NewJob) -> dict[str, Any]:

@@ -47,6 +47,8 @@ class Unique:
     parts: tuple[str, ...] = field(init=False, repr=False, compare=False)
     key_function: Callable[..., Any] | None = field(init=False, repr=False, compare=False)
     seconds: int | None = field(init=False, repr=False, compare=False)
+    # What the job's row keeps of it (`uniqueness`): the options that are not the defaults.
+    info: dict[str, Any] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         parts, function = _by(self.by)
@@ -59,6 +61,14 @@ class Unique:
                 "Unique(on_duplicate=...) must be 'skip' or 'replace', "
                 f"not {self.on_duplicate!r:.80}."
             )
+        info: dict[str, Any] = {}
+        if self.described_by() != list(PARTS):
+            info["by"] = self.described_by()
+        if self.seconds is not None:
+            info["period"] = self.seconds
+        if self.replaces:
+            info["on_duplicate"] = self.on_duplicate
+        object.__setattr__(self, "info", info)
 
     @property
     def replaces(self) -> bool:
@@ -147,6 +157,30 @@ def _dotted(function: Callable[..., Any]) -> str:
 
 
 @dataclass(frozen=True, slots=True)
+class Kept:
+    """What a job's row says of its key (`uniqueness`), the defaults filled in."""
+
+    by: list[str]  # The parts, then a callable's dotted name.
+    period: int | None
+    on_duplicate: str
+    value: Any  # What the callable of `by` returned (derived from the arguments).
+    replaced: int  # Calls whose arguments went into the job.
+    replaced_at: str | None  # ISO 8601, the database's time of the last of them.
+
+    @classmethod
+    def of(cls, uniqueness: Mapping[str, Any] | None) -> Kept:
+        info = uniqueness or {}
+        return cls(
+            by=list(info.get("by", PARTS)),
+            period=info.get("period"),
+            on_duplicate=info.get("on_duplicate", "skip"),
+            value=info.get("key"),
+            replaced=info.get("replaced", 0),
+            replaced_at=info.get("replaced_at"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class UniqueCall:
     """One call's uniqueness, as ENQUEUE writes it."""
 
@@ -154,7 +188,7 @@ class UniqueCall:
     period: int | None  # Seconds; ENQUEUE computes the bucket (unique_window) from now().
     states: tuple[str, ...]  # unique_states: the index's predicate reads them.
     replace: bool  # on_duplicate == "replace".
-    info: dict[str, Any]  # uniqueness: what the key was made of, for the admin and the API.
+    info: dict[str, Any]  # uniqueness: what the key was made of (Unique.info), and the key.
 
 
 def unique_call(
@@ -167,26 +201,31 @@ def unique_call(
     queue: str,
 ) -> UniqueCall:
     """The key of one call under `unique`; `args` and `kwargs` after their JSON round trip."""
+    parts = unique.parts
     material: dict[str, Any] = {"task": task_path, "period": unique.seconds}
-    material["states"] = list(unique.states)
-    for name, value in (("args", args), ("kwargs", kwargs), ("queue", queue)):
-        if name in unique.parts:
-            material[name] = value
-    info: dict[str, Any] = {
-        "by": unique.described_by(),
-        "period": unique.seconds,
-        "on_duplicate": unique.on_duplicate,
-    }
+    material["states"] = unique.states
+    if "args" in parts:
+        material["args"] = args
+    if "kwargs" in parts:
+        material["kwargs"] = kwargs
+    if "queue" in parts:
+        material["queue"] = queue
+    info = unique.info  # Shared by the calls of one Unique, unless a callable names the key.
     if unique.key_function is not None:
-        info["key"] = material["key"] = _key_value(unique.key_function, task_name, args, kwargs)
-    text = json.dumps(material, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+        value = _key_value(unique.key_function, task_name, args, kwargs)
+        material["key"] = value
+        info = {**info, "key": value}
     return UniqueCall(
-        key=hashlib.sha256(text.encode()).hexdigest(),
+        key=hashlib.sha256(_CANONICAL.encode(material).encode()).hexdigest(),
         period=unique.seconds,
         states=unique.states,
         replace=unique.replaces,
         info=info,
     )
+
+
+# One encoder for every key: json.dumps() with options builds a new one per call.
+_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
 def _key_value(

@@ -13,6 +13,7 @@ from django.utils.html import format_html
 from .. import operations
 from ..models import Job
 from ..states import JobState
+from ..unique import Kept
 
 CANCELLED = "django_conveyor.exceptions.Cancelled"
 LEASE_LOST = "django_conveyor.exceptions.LeaseLost"
@@ -121,22 +122,21 @@ class Uniqueness:
 def uniqueness(job: Job, database: str) -> Uniqueness | None:
     if job.unique_key is None:
         return None
-    info = job.uniqueness or {}
-    period = info.get("period")
+    kept = Kept.of(job.uniqueness)
     start = job.unique_window
     holds_it = job.state in (job.unique_states or [])
     holder = None if holds_it else operations.key_holders([job.pk], database=database).get(job.pk)
     return Uniqueness(
         key=job.unique_key,
         window_start=start,
-        window_end=start + timedelta(seconds=period) if start and period else None,
-        period=period,
-        by=info.get("by", []),
-        value=info.get("key"),
+        window_end=start + timedelta(seconds=kept.period) if start and kept.period else None,
+        period=kept.period,
+        by=kept.by,
+        value=kept.value,
         states=job.unique_states or [],
-        on_duplicate=info.get("on_duplicate", "skip"),
-        replaced=info.get("replaced", 0),
-        replaced_at=_time(info.get("replaced_at")),
+        on_duplicate=kept.on_duplicate,
+        replaced=kept.replaced,
+        replaced_at=_time(kept.replaced_at),
         holds_it=holds_it,
         holder=holder,
     )

@@ -28,7 +28,7 @@ from ..exceptions import ArgumentsNotSerializable, IdempotencyKeyReused
 from ..models import Job
 from ..results import parse_result_id, result_id
 from ..states import CANCELLABLE_STATES, REQUEUEABLE_STATES, JobState
-from ..unique import Unique
+from ..unique import Kept, Unique
 from . import listing
 from .allowlist import NotAllowed, UnknownTask, allow_list
 from .auth import credentials
@@ -105,20 +105,19 @@ def unique_out(job: Job) -> dict[str, Any] | None:
     """A unique job's key and what it was made of (UniqueOut); None without a key."""
     if job.unique_key is None:
         return None
-    info = job.uniqueness or {}
-    period = info.get("period")
+    kept = Kept.of(job.uniqueness)
     window = job.unique_window
     return {
         "key": job.unique_key,
         "window_start": window,
-        "window_end": window + timedelta(seconds=period) if window and period else None,
-        "period": period,
-        "by": info.get("by", []),
-        "value": info.get("key"),
+        "window_end": window + timedelta(seconds=kept.period) if window and kept.period else None,
+        "period": kept.period,
+        "by": kept.by,
+        "value": kept.value,
         "states": job.unique_states or [],
-        "on_duplicate": info.get("on_duplicate", "skip"),
-        "replaced": info.get("replaced", 0),
-        "replaced_at": info.get("replaced_at"),
+        "on_duplicate": kept.on_duplicate,
+        "replaced": kept.replaced,
+        "replaced_at": kept.replaced_at,
     }
 
 
