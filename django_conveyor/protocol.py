@@ -339,11 +339,17 @@ def enqueue(cursor: Cursor, jobs: Sequence[NewJob], *, notify: bool) -> list[Enq
     (`TooManyDependencies`).
     """
     pending = pending_dependencies(cursor, jobs)
-    results: dict[int, Enqueued] = {}
-    for entries in fold([(job.idempotency_key, job.unique) for job in jobs]):
-        for entry, outcome in _resolve(cursor, jobs, pending, entries, notify).items():
-            _answer(jobs, entry, outcome, results)
-    ordered = [results[i] for i in range(len(jobs))]
+    if not any(job.unique or job.idempotency_key for job in jobs):
+        # No key can refuse a row: one statement, each call its own job, as ever.
+        rows = [_row(job, job, i, pending[i]) for i, job in enumerate(jobs)]
+        cursor.execute(ENQUEUE, {"rows": _json(rows), "notify": notify, "channel": NOTIFY_CHANNEL})
+        ordered = [Enqueued(r[0], r[2], r[3], created=True, state=r[4]) for r in cursor.fetchall()]
+    else:
+        results: dict[int, Enqueued] = {}
+        for entries in fold([(job.idempotency_key, job.unique) for job in jobs]):
+            for entry, outcome in _resolve(cursor, jobs, pending, entries, notify).items():
+                _answer(jobs, entry, outcome, results)
+        ordered = [results[i] for i in range(len(jobs))]
     _add_edges(cursor, jobs, ordered)
     return ordered
 
@@ -404,21 +410,8 @@ def _insert(
     rows = []
     for entry in entries:
         job, source = jobs[entry.first], jobs[entry.arguments_of(inserting=True)]
-        row = {
-            "task_path": job.task_path,
-            "args": source.args,
-            "kwargs": source.kwargs,
-            "queue": job.queue,
-            "backend": job.backend,
-            "priority": job.priority,
-            "max_attempts": job.max_attempts,
-            "run_after": source.run_after.isoformat() if source.run_after else None,
-            "idempotency_key": job.idempotency_key,
-            "ord": entry.first,
-            "pending": pending[entry.first],
-            "policy": job.dependency_policy,
-        }
-        if job.unique is not None:  # A job without `unique` sends what it always did.
+        row = _row(job, source, entry.first, pending[entry.first])
+        if job.unique is not None:
             row["unique_key"] = job.unique.key
             row["unique_states"] = job.unique.states
             if job.unique.period is not None:
@@ -448,6 +441,28 @@ def _insert(
             Enqueued(row[0], row[2], row[3], created=True, state=row[4], row=written), True
         )
     return outcomes
+
+
+def _row(job: NewJob, source: NewJob, ord_: int, pending: int) -> dict[str, Any]:
+    """A row of ENQUEUE's input: the job, with `source`'s arguments and run_after.
+
+    A job without `unique` sends what it always did; the unique columns
+    (absent, so NULL) are added by the caller.
+    """
+    return {
+        "task_path": job.task_path,
+        "args": source.args,
+        "kwargs": source.kwargs,
+        "queue": job.queue,
+        "backend": job.backend,
+        "priority": job.priority,
+        "max_attempts": job.max_attempts,
+        "run_after": source.run_after.isoformat() if source.run_after else None,
+        "idempotency_key": job.idempotency_key,
+        "ord": ord_,
+        "pending": pending,
+        "policy": job.dependency_policy,
+    }
 
 
 def _written(job: NewJob, source: NewJob, row: Sequence[Any]) -> dict[str, Any]:

@@ -85,11 +85,14 @@ def truncate() -> None:
         cursor.execute("VACUUM ANALYZE conveyor_job")
 
 
-def timed_calls(call: Any, calls: int, first: int = 0) -> float:
-    """Microseconds per call, each call its own transaction (autocommit)."""
-    started = time.perf_counter()
+def timed_calls(call: Any, calls: int, first: int = 0, cpu: list[float] | None = None) -> float:
+    """Microseconds per call, each call its own transaction (autocommit); the
+    process's CPU microseconds per call (Python, not the server) go to `cpu`."""
+    started, used = time.perf_counter(), time.process_time()
     for i in range(first, first + calls):
         call(i)
+    if cpu is not None:
+        cpu.append((time.process_time() - used) / calls * 1e6)
     return (time.perf_counter() - started) / calls * 1e6
 
 
@@ -100,7 +103,8 @@ def measure_plain(args: argparse.Namespace) -> dict[str, float]:
     from tests.testapp.tasks import add, noop
 
     truncate()
-    enqueue_us = timed_calls(lambda i: add.enqueue(i, i), args.calls)
+    cpu: list[float] = []
+    enqueue_us = timed_calls(lambda i: add.enqueue(i, i), args.calls, cpu=cpu)
     truncate()
     for start in range(0, args.drain, 10_000):
         noop.enqueue_many([((), {}) for _ in range(min(10_000, args.drain - start))])
@@ -112,7 +116,11 @@ def measure_plain(args: argparse.Namespace) -> dict[str, float]:
     from django_conveyor.models import Job
 
     assert Job.objects.filter(state="completed").count() == args.drain
-    return {"enqueue_us": enqueue_us, "drain_jobs_per_s": args.drain / seconds}
+    return {
+        "enqueue_us": enqueue_us,
+        "enqueue_cpu_us": cpu[0],
+        "drain_jobs_per_s": args.drain / seconds,
+    }
 
 
 def measure_unique(args: argparse.Namespace) -> dict[str, float]:
@@ -123,12 +131,14 @@ def measure_unique(args: argparse.Namespace) -> dict[str, float]:
     unique = add.using(unique=Unique())
     figures: dict[str, float] = {}
     truncate()
-    plain_us, unique_us = [], []
+    plain_us, unique_us, plain_cpu, unique_cpu = [], [], [], []
     for block in range(0, args.calls, args.block):
-        plain_us.append(timed_calls(lambda i: add.enqueue(i, 0), args.block, block))
-        unique_us.append(timed_calls(lambda i: unique.enqueue(i, 0), args.block, block))
+        plain_us.append(timed_calls(lambda i: add.enqueue(i, 0), args.block, block, plain_cpu))
+        unique_us.append(timed_calls(lambda i: unique.enqueue(i, 0), args.block, block, unique_cpu))
     figures["single_plain_us"] = statistics.mean(plain_us)
     figures["single_unique_us"] = statistics.mean(unique_us)
+    figures["single_plain_cpu_us"] = statistics.mean(plain_cpu)
+    figures["single_unique_cpu_us"] = statistics.mean(unique_cpu)
     figures["single_block_ratio"] = statistics.median(
         u / p for u, p in zip(unique_us, plain_us, strict=True)
     )
@@ -222,11 +232,15 @@ def main() -> int:
     summary = {
         "plain_enqueue_us": {"before": median("before", "enqueue_us"),
                              "after": median("after", "enqueue_us")},
+        "plain_enqueue_cpu_us": {"before": median("before", "enqueue_cpu_us"),
+                                 "after": median("after", "enqueue_cpu_us")},
         "plain_drain_jobs_per_s": {"before": median("before", "drain_jobs_per_s"),
                                    "after": median("after", "drain_jobs_per_s")},
         "single_us": {"plain": median("unique", "single_plain_us"),
                       "unique": median("unique", "single_unique_us"),
-                      "median_block_ratio": median("unique", "single_block_ratio")},
+                      "median_block_ratio": median("unique", "single_block_ratio"),
+                      "plain_cpu": median("unique", "single_plain_cpu_us"),
+                      "unique_cpu": median("unique", "single_unique_cpu_us")},
         "bulk_s": {"plain": median("unique", "bulk_plain_s"),
                    "unique": median("unique", "bulk_unique_s")},
     }  # fmt: skip
