@@ -10,6 +10,7 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
+from types import SimpleNamespace
 from typing import Any
 
 from django.apps import apps
@@ -296,12 +297,13 @@ class ConveyorBackend(BaseTaskBackend):
 
     def _existing(self, database: str, row: protocol.Enqueued) -> ConveyorTaskResult:
         """The result of the job a call's key named, from the row ENQUEUE read (no query)."""
-        from .models import Job
-
         assert row.row is not None  # protocol.enqueue gives every call it did not create one.
-        job = Job(**row.row)
+        # The columns result_from_job reads, without a model instance: a batch may fold
+        # thousands of calls.
+        job = SimpleNamespace(**row.row)
         return replace(
-            result_from_job(job, database=database, created=False), replaced=row.replaced
+            result_from_job(job, database=database, created=False),  # type: ignore[arg-type]
+            replaced=row.replaced,
         )
 
     def _load(self, database: str, job_id: int, *, created: bool = True) -> ConveyorTaskResult:

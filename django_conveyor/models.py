@@ -18,6 +18,15 @@ PRIORITY_RANGE = Q(priority__gte=-100) & Q(priority__lte=100)
 # The window of a unique key without a period, in its index only: PostgreSQL
 # 14 has no NULLS NOT DISTINCT, and NULL windows must collide.
 UNIQUE_NO_WINDOW = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+# A keyed job holds its key while its state is one of its own blocking states.
+HOLDS_KEY = Q(unique_states__has_key=models.F("state"))
+
+
+def unique_key_is(key: str) -> Q:
+    """Every job with this unique key, in every window: the one holding it (through
+    conveyor_job_unique_key_uniq) and those that held it (conveyor_job_released_key_idx).
+    Each arm implies one index's predicate, so PostgreSQL reads both."""
+    return Q(unique_key=key) & HOLDS_KEY | Q(unique_key=key) & ~HOLDS_KEY
 
 
 class DependencyPolicy(models.TextChoices):
@@ -154,12 +163,14 @@ class Job(models.Model):
             # range per (state, queue), in id order) and the console's state
             # filter.
             models.Index(fields=["state", "queue", "id"], name="conveyor_job_list_idx"),
-            # Unique jobs: every job that ever had a key, newest first, for the
-            # admin's search by key. Keyed rows only.
+            # Unique jobs: the keyed jobs that do not hold their key (they
+            # finished), for the search of every job with a key. Its predicate
+            # is the complement of the unique index's, so a keyed job has one
+            # entry in one of the two, never two (unique_key_is() reads both).
             models.Index(
                 fields=["unique_key", "id"],
-                name="conveyor_job_unique_key_idx",
-                condition=Q(unique_key__isnull=False),
+                name="conveyor_job_released_key_idx",
+                condition=Q(unique_key__isnull=False) & ~HOLDS_KEY,
             ),
         ]
         constraints = [
@@ -189,7 +200,7 @@ class Job(models.Model):
             models.UniqueConstraint(
                 models.F("unique_key"),
                 Coalesce("unique_window", Value(UNIQUE_NO_WINDOW)),
-                condition=Q(unique_key__isnull=False) & Q(unique_states__has_key=models.F("state")),
+                condition=Q(unique_key__isnull=False) & HOLDS_KEY,
                 name="conveyor_job_unique_key_uniq",
             ),
         ]

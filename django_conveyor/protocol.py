@@ -223,9 +223,9 @@ WITH input AS (
            unique_key, {_window("unique_period")}, unique_states, uniqueness
     FROM input ORDER BY ord
     ON CONFLICT DO NOTHING
-    RETURNING id, idempotency_key, queue, run_after, enqueued_at, state, unique_key, unique_window
+    RETURNING id, idempotency_key, queue, run_after, enqueued_at, state, unique_key
 )
-SELECT id, idempotency_key, enqueued_at, run_after, state, unique_key, unique_window,
+SELECT id, idempotency_key, enqueued_at, run_after, state, unique_key,
        CASE WHEN %(notify)s AND state = 'available' AND run_after <= now()
             THEN pg_notify(%(channel)s, queue) END
 FROM inserted
@@ -233,10 +233,9 @@ FROM inserted
 
 # What an existing job's result is built from (results.result_from_job).
 JOB_COLUMNS = (
-    "id", "task_path", "args", "kwargs", "queue", "backend", "priority", "state", "attempt",
-    "max_attempts", "run_after", "enqueued_run_after", "idempotency_key", "errors",
-    "return_value", "enqueued_at", "started_at", "finished_at", "lease_owner", "unique_key",
-    "unique_window", "unique_states", "uniqueness",
+    "id", "task_path", "args", "kwargs", "queue", "backend", "priority", "state", "run_after",
+    "enqueued_run_after", "errors", "return_value", "enqueued_at", "started_at", "finished_at",
+    "lease_owner",
 )  # fmt: skip
 _JOB_COLUMNS = ", ".join(f"j.{column}" for column in JOB_COLUMNS)
 
@@ -467,7 +466,7 @@ def _row(job: NewJob, source: NewJob, ord_: int, pending: int) -> dict[str, Any]
 
 def _written(job: NewJob, source: NewJob, row: Sequence[Any]) -> dict[str, Any]:
     """The columns (JOB_COLUMNS) of a job ENQUEUE just inserted, from what it sent."""
-    id_, _, enqueued_at, run_after, state, unique_key, unique_window, _ = row
+    id_, _, enqueued_at, run_after, state, _, _ = row
     return {
         "id": id_,
         "task_path": job.task_path,
@@ -477,21 +476,14 @@ def _written(job: NewJob, source: NewJob, row: Sequence[Any]) -> dict[str, Any]:
         "backend": job.backend,
         "priority": job.priority,
         "state": state,
-        "attempt": 0,
-        "max_attempts": job.max_attempts,
         "run_after": run_after,
         "enqueued_run_after": source.run_after,
-        "idempotency_key": job.idempotency_key,
         "errors": [],
         "return_value": None,
         "enqueued_at": enqueued_at,
         "started_at": None,
         "finished_at": None,
         "lease_owner": None,
-        "unique_key": unique_key,
-        "unique_window": unique_window,
-        "unique_states": list(job.unique.states) if job.unique else None,
-        "uniqueness": job.unique.info if job.unique else None,
     }
 
 
@@ -551,7 +543,7 @@ def _read(
 
 def _job_row(values: Sequence[Any]) -> dict[str, Any]:
     row = dict(zip(JOB_COLUMNS, values, strict=True))
-    for column in ("args", "kwargs", "errors", "return_value", "unique_states", "uniqueness"):
+    for column in ("args", "kwargs", "errors", "return_value"):
         row[column] = loaded(row[column])
     return row
 

@@ -629,13 +629,26 @@ class TestRequeue:
         assert Job.objects.get(pk=first.id).state == "cancelled"
 
 
+def index_size(cur, name: str) -> int:
+    cur.execute("SELECT pg_relation_size(%s::regclass)", [name])
+    return cur.fetchone()[0]
+
+
 class TestTheIndex:
     def test_jobs_without_a_key_have_no_entry(self, cur):
         tasks.add.enqueue_many([((i, i), {}) for i in range(500)])
         run_burst()
-        for index in ("conveyor_job_unique_key_uniq", "conveyor_job_unique_key_idx"):
-            cur.execute("SELECT pg_relation_size(%s::regclass)", [index])
-            assert cur.fetchone()[0] == 8192, index  # The metapage alone.
+        for index in ("conveyor_job_unique_key_uniq", "conveyor_job_released_key_idx"):
+            assert index_size(cur, index) == 8192, index  # The metapage alone.
+
+    def test_a_keyed_job_is_in_one_of_the_two_indexes(self, cur):
+        tasks.unique_add.enqueue_many([((i, i), {}) for i in range(500)])
+        assert index_size(cur, "conveyor_job_unique_key_uniq") > 8192
+        assert index_size(cur, "conveyor_job_released_key_idx") == 8192  # All hold their key.
+        run_burst()
+        cur.execute("SELECT count(*) FROM conveyor_job WHERE unique_states ? state")
+        assert cur.fetchone()[0] == 0  # Completed: none holds its key any more.
+        assert index_size(cur, "conveyor_job_released_key_idx") > 8192
 
     def test_its_predicate_reads_the_jobs_own_states(self, cur):
         cur.execute("SELECT pg_get_indexdef('conveyor_job_unique_key_uniq'::regclass)")
@@ -652,7 +665,7 @@ class TestTheIndex:
             {"rows": '[{"ord": 0, "unique_key": "ab", "unique_period": null}]'},
         )
         plan = "\n".join(row[0] for row in cur.fetchall())
-        assert "conveyor_job_unique_key" in plan and "Seq Scan on conveyor_job" not in plan
+        assert "conveyor_job_unique_key_uniq" in plan and "Seq Scan on conveyor_job" not in plan
 
 
 def test_the_unique_violation_is_recognised_from_either_cursor():

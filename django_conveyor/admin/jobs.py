@@ -24,7 +24,7 @@ from django.utils.safestring import mark_safe
 
 from .. import operations
 from ..conf import conveyor_settings
-from ..models import DeadLetter, Job, LedgerEntry, Worker
+from ..models import DeadLetter, Job, LedgerEntry, Worker, unique_key_is
 from ..states import CANCELLABLE_STATES, REQUEUEABLE_STATES, JobState
 from ..tasks import known_task_paths
 from . import jobpage, workflow
@@ -152,8 +152,8 @@ class JobAdmin(ReadOnlyAdmin):
         if not term:
             return queryset, False
         match = Q(idempotency_key=term)
-        if UNIQUE_KEY.fullmatch(term):  # Every job that held it (conveyor_job_unique_key_idx).
-            match |= Q(unique_key=term)
+        if UNIQUE_KEY.fullmatch(term):  # Every job with this key, through its two indexes.
+            match |= unique_key_is(term)
         if term.isdigit():
             match |= Q(pk=int(term))
         paths = [p for p in known_task_paths() if term.lower() in p.lower()]

@@ -13,8 +13,8 @@ its branch, so the planner knows from the statistics which pairs are rare
 (read from the index range) and which hold most of the table (read from
 the primary key backwards, which fills a page as fast). Without either
 filter the primary key is read backwards. The `task` filter is applied
-inside those reads. With `unique_key` (unique jobs), the page is a range of
-`conveyor_job_unique_key_idx` `(unique_key, id)`, the other filters applied
+inside those reads. With `unique_key` (unique jobs), the page is read from
+the key's two indexes (`models.unique_key_is`), the other filters applied
 to the few jobs of that key.
 """
 
@@ -26,8 +26,9 @@ import json
 from typing import Any
 
 from django.db import connections
+from django.db.models import QuerySet
 
-from ..models import Job
+from ..models import Job, unique_key_is
 from ..queue_counts import QUEUES_IN_STATE
 from ..states import JobState
 
@@ -44,12 +45,6 @@ ORDER BY j.id DESC
 LIMIT %(limit)s
 """
 TASK_FILTER = "AND j.task_path = %(task)s"
-KEY_PAGE = """
-SELECT j.* FROM conveyor_job AS j
-WHERE j.unique_key = %(unique_key)s AND j.id < %(before)s {filters}
-ORDER BY j.id DESC
-LIMIT %(limit)s
-"""
 NO_CURSOR = 2**63 - 1
 
 
@@ -92,17 +87,10 @@ def query(
     task: str | None,
     before: int,
     limit: int,
-    unique_key: str | None = None,
 ) -> tuple[str, dict[str, Any]]:
     """The SQL of one page of at most `limit` jobs, and its parameters."""
     params: dict[str, Any] = {"task": task, "before": before, "limit": limit}
     task_filter = TASK_FILTER if task else ""
-    if unique_key:
-        params.update(unique_key=unique_key, state=state, queue=queue)
-        filters = [task_filter]
-        filters += ["AND j.state = %(state)s"] if state else []
-        filters += ["AND j.queue = %(queue)s"] if queue else []
-        return KEY_PAGE.format(filters=" ".join(filters)), params
     if not (state or queue):
         return PAGE.format(task=task_filter), params
     pairs = _pairs(database, state, queue)
@@ -120,13 +108,27 @@ def query(
     return sql, params
 
 
+def _of_key(
+    database: str, unique_key: str, *, state: str | None, queue: str | None,
+    task: str | None, before: int, limit: int,
+) -> QuerySet[Job]:  # fmt: skip
+    jobs = Job.objects.using(database).filter(unique_key_is(unique_key), id__lt=before)
+    for name, value in (("state", state), ("queue", queue), ("task_path", task)):
+        if value:
+            jobs = jobs.filter(**{name: value})
+    return jobs.order_by("-id")[:limit]
+
+
 def page(database: str, *, limit: int, **filters: Any) -> tuple[list[Job], int | None]:
     """One page (newest first) and the cursor id of the next, or None on the last.
 
-    `filters` are those of `query()`: state, queue, task, before and unique_key.
+    `filters` are those of `query()`: state, queue, task and before, and unique_key.
     """
-    sql, params = query(database, limit=limit + 1, **filters)
-    jobs = list(Job.objects.using(database).raw(sql, params))
+    if unique_key := filters.pop("unique_key", None):
+        jobs = list(_of_key(database, unique_key, limit=limit + 1, **filters))
+    else:
+        sql, params = query(database, limit=limit + 1, **filters)
+        jobs = list(Job.objects.using(database).raw(sql, params))
     if len(jobs) > limit:
         return jobs[:limit], jobs[limit - 1].id
     return jobs, None

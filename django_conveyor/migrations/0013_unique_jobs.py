@@ -5,6 +5,9 @@ job without `unique`. The unique index's predicate reads the row's own
 blocking states: the statement that moves a job out of them frees its key,
 and a job without a key fails `unique_key IS NOT NULL` and has no entry in
 either index, so its claims and completions write nothing more than before.
+The second index holds the keyed jobs that released their key (its
+predicate is the first one's complement), so a keyed job is in one of the
+two: one index entry per state change, as for one more index.
 The window is COALESCEd in the unique index because a key without a period
 has none, and PostgreSQL 14 has no NULLS NOT DISTINCT.
 """
@@ -44,9 +47,12 @@ class Migration(migrations.Migration):
         migrations.AddIndex(
             model_name="job",
             index=models.Index(
-                condition=models.Q(("unique_key__isnull", False)),
+                condition=models.Q(
+                    ("unique_key__isnull", False),
+                    models.Q(("unique_states__has_key", models.F("state")), _negated=True),
+                ),
                 fields=["unique_key", "id"],
-                name="conveyor_job_unique_key_idx",
+                name="conveyor_job_released_key_idx",
             ),
         ),
         migrations.AddConstraint(
