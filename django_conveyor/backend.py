@@ -141,7 +141,7 @@ class ConveyorBackend(BaseTaskBackend):
         """The row one call writes, its arguments checked; `after` adds job ids to wait for.
 
         The shared enqueue path is `new_job()` then `enqueue_jobs()`: `enqueue()`
-        takes it, and so does a workflow (workflows.py), which adds its edges
+        takes it, and so does a workflow (workflows/), which adds its edges
         between the two. Call `validate_task()` first.
         """
         args = json_round_trip(list(args), f"{task.name}() args")

@@ -30,6 +30,7 @@ DEFAULT_LEASE_SECONDS = 30.0
 DEFAULT_HEARTBEAT_SECONDS = 10.0
 DEFAULT_POLL_SECONDS = 1.0
 DEFAULT_REAP_SECONDS = 5.0
+DEFAULT_GATES_SECONDS = 1.0
 DEFAULT_SHUTDOWN_TIMEOUT_SECONDS = 30.0
 DEFAULT_MAX_ATTEMPTS = 5
 DEFAULT_BACKOFF_BASE_SECONDS = 1.0
@@ -161,6 +162,11 @@ class ConveyorSettings:
     )
     REAP_SECONDS = _positive_seconds(
         DEFAULT_REAP_SECONDS, "how often each worker takes back expired leases."
+    )
+    GATES_SECONDS = _positive_seconds(
+        DEFAULT_GATES_SECONDS,
+        "how often each worker fires due timers and gate timeouts and checks wait_until "
+        "conditions (docs/workflows.md).",
     )
     SHUTDOWN_TIMEOUT_SECONDS = Setting[float](
         SECONDS, DEFAULT_SHUTDOWN_TIMEOUT_SECONDS,

@@ -8,7 +8,7 @@ database effects exactly-once.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -19,6 +19,10 @@ from . import ledger, protocol
 from .compat import TaskContext
 from .exceptions import LeaseLost
 from .results import ConveyorTaskResult, result_from_job
+from .serialization import checked_name, loaded, to_json
+
+CHECKPOINT_PREFIX = "checkpoint:"  # A step's effect key in conveyor_ledger.
+MAX_STEP_NAME_LENGTH = 200
 
 if TYPE_CHECKING:
     from .worker.attempts import Attempt
@@ -119,15 +123,7 @@ class JobContext(TaskContext):
     def _guarded(self, connection: Any) -> Iterator[None]:
         with transaction.atomic(using=self.database):
             with connection.cursor() as cursor:
-                protocol.bound_transaction(cursor, seconds=self.held.lease_seconds)
-                if not protocol.lock_for_effect(
-                    cursor, job_id=self.job_id, owner=self.worker_id, version=self.token
-                ):
-                    self.held.mark_lost("the guarded lock found another token")
-                    raise LeaseLost(
-                        f"Job {self.job_id} is no longer held by token {self.token} of worker "
-                        f"{self.worker_id}; nothing in this transaction was committed."
-                    )
+                self._lock(cursor)
             yield
             with connection.cursor() as cursor:
                 done = protocol.complete(
@@ -135,6 +131,66 @@ class JobContext(TaskContext):
                 )
             if not done:  # Unreachable while we hold the row lock; fail safe anyway.
                 raise LeaseLost(f"Job {self.job_id} could not be completed by token {self.token}.")
+
+    def step_key(self, name: str) -> str:
+        """The idempotency key of one checkpointed step, stable across attempts: pass it on."""
+        return f"{self.idempotency_key}-checkpoint-{name}"
+
+    def checkpoint(self, name: str, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run `fn(*args, **kwargs)` once for this job; return its (JSON) result.
+
+        A step an earlier attempt recorded returns its recorded value, and `fn`
+        does not run. Otherwise `fn` runs in one guarded transaction, as in
+        `atomic()` (the job row locked under this attempt's token first), and
+        its result is recorded in the ledger (CHECKPOINT) in the same commit as
+        `fn`'s own writes; the job stays running. Raises LeaseLost, with
+        nothing committed, when the token no longer holds the job.
+        """
+        key = _step_effect_key(name)
+        held = self.held
+        if held.in_atomic or held.completed_in_atomic:
+            raise RuntimeError(
+                "context.checkpoint() cannot run inside or after context.atomic(): the "
+                "guarded transaction's commit completes the job."
+            )
+        connection = connections[self.database]
+        if _nested(connection, held.outer_atomic_blocks):
+            raise RuntimeError(
+                "context.checkpoint() must be the outermost transaction: inside another "
+                "atomic block its commit would not be the step's."
+            )
+        with connection.cursor() as cursor:
+            found, value = protocol.recorded_step(cursor, job_id=self.job_id, key=key)
+        if found:
+            return value
+        with transaction.atomic(using=self.database):
+            with connection.cursor() as cursor:
+                self._lock(cursor)
+            value = fn(*args, **kwargs)
+            text = to_json(value, f"the result of checkpoint {name!r}")
+            with connection.cursor() as cursor:
+                recorded = protocol.checkpoint(
+                    cursor, job_id=self.job_id, owner=self.worker_id, version=self.token,
+                    key=key, value=text,
+                )  # fmt: skip
+            if not recorded:  # Recorded since our read: roll fn's writes back, return that one.
+                transaction.set_rollback(True, using=self.database)
+        if recorded:
+            return loaded(text)
+        with connection.cursor() as cursor:
+            return protocol.recorded_step(cursor, job_id=self.job_id, key=key)[1]
+
+    def _lock(self, cursor: Any) -> None:
+        """BOUND_TRANSACTION and LOCK_FOR_EFFECT; LeaseLost when the token lost the job."""
+        protocol.bound_transaction(cursor, seconds=self.held.lease_seconds)
+        if not protocol.lock_for_effect(
+            cursor, job_id=self.job_id, owner=self.worker_id, version=self.token
+        ):
+            self.held.mark_lost("the guarded lock found another token")
+            raise LeaseLost(
+                f"Job {self.job_id} is no longer held by token {self.token} of worker "
+                f"{self.worker_id}; nothing in this transaction was committed."
+            )
 
     def record_effect(self, effect_key: str) -> Any:
         """Record an applied effect in the ledger; call it inside `atomic()`."""
@@ -147,6 +203,10 @@ class JobContext(TaskContext):
             worker=self.worker_id,
             effect_key=effect_key,
         )
+
+
+def _step_effect_key(name: Any) -> str:
+    return CHECKPOINT_PREFIX + checked_name(name, "A checkpoint's name", MAX_STEP_NAME_LENGTH)
 
 
 def _nested(connection: Any, outer_blocks: int) -> bool:

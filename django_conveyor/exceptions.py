@@ -95,5 +95,49 @@ class ArgumentsNotSerializable(ConveyorError, TypeError):
     """A task's arguments or return value cannot survive a JSON round trip."""
 
 
+class GateError(ConveyorError):
+    """A signal was refused: the gate does not wait for it now. Nothing was written."""
+
+
+class GateNotFound(GateError):
+    """No job has the gate's id."""
+
+
+class NotAGate(GateError):
+    """The job is an ordinary job, not a gate."""
+
+
+class WrongSignal(GateError):
+    """The gate waits for another signal, or is a timer or a condition."""
+
+
+class GateNotReady(GateError):
+    """The gate's upstream steps are not done: it does not wait yet."""
+
+
+class GateAlreadyPassed(GateError):
+    """The gate already completed: signalled, its condition met, or timed out with 'continue'."""
+
+
+class GateClosed(GateError):
+    """The gate ended failed (timed out, rejected) or was cancelled."""
+
+
+class GateTimedOut(ConveyorError):
+    """A gate's timeout passed with on_timeout='fail' (recorded in its errors)."""
+
+
+class SignalRejected(ConveyorError):
+    """A signal gate was rejected (recorded in its errors)."""
+
+
+class ConditionInvalid(ConveyorError):
+    """A stored wait_until condition could not be evaluated (recorded in its errors)."""
+
+
+class InvalidCondition(ConveyorError, ValueError):
+    """A wait_until() condition cannot be stored with its gate; nothing was enqueued."""
+
+
 class ConveyorConfigurationError(ImproperlyConfigured):
     """The CONVEYOR setting or the TASKS entry is invalid."""

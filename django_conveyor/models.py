@@ -10,6 +10,7 @@ import datetime as dt
 
 from django.db import models
 from django.db.models import JSONField, Q, Value
+from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Coalesce
 
 from .states import JobState
@@ -82,6 +83,12 @@ class Job(models.Model):
         default=DependencyPolicy.CANCEL,
         db_default=DependencyPolicy.CANCEL.value,
     )
+    # Gates (docs/workflows.md, "Workflows that wait"): what a gate waits for
+    # (NULL: a job to run), and when it stops waiting at the latest, set when
+    # it starts to wait. Written by ENQUEUE and the gate statements of protocol.py.
+    gate = models.JSONField(null=True, blank=True)
+    gate_deadline = models.DateTimeField(null=True, blank=True)
+
     # Unique jobs (docs/unique-jobs.md), all NULL for a job without `unique`:
     # the key (a hex SHA-256 of what `by` names), the start of its period
     # bucket (from the database's now()), the states in which the job holds
@@ -163,6 +170,20 @@ class Job(models.Model):
             # range per (state, queue), in id order) and the console's state
             # filter.
             models.Index(fields=["state", "queue", "id"], name="conveyor_job_list_idx"),
+            # Gates: the gates service's due timers and timeouts, and the
+            # waiting gates by kind (the Waiting page, conditions, metrics).
+            # Partial: a job that is not a gate has no entry in either.
+            models.Index(
+                fields=["gate_deadline"],
+                name="conveyor_job_gate_due_idx",
+                condition=Q(state="blocked", gate_deadline__isnull=False),
+            ),
+            models.Index(
+                KeyTextTransform("kind", "gate"),
+                "id",
+                name="conveyor_job_gate_waiting_idx",
+                condition=Q(state="blocked", gate__isnull=False),
+            ),
             # Unique jobs: the keyed jobs that do not hold their key (they
             # finished), for the search of every job with a key. Its predicate
             # is the complement of the unique index's, so a keyed job has one
@@ -246,6 +267,15 @@ class DeadLetter(Job):
         verbose_name_plural = "dead letters (failed and dead jobs)"
 
 
+class WaitingGate(Job):
+    """Gates that wait (a signal, a timer, a row condition), for the admin's Waiting page."""
+
+    class Meta:
+        proxy = True
+        verbose_name = "waiting gate"
+        verbose_name_plural = "waiting (gates: approvals, signals, timers, conditions)"
+
+
 class Queue(models.Model):
     name = models.CharField(max_length=64, primary_key=True)
     paused = models.BooleanField(default=False)
@@ -268,6 +298,8 @@ class LedgerEntry(models.Model):
     lease_version = models.BigIntegerField()
     worker = models.CharField(max_length=64)
     applied_at = models.DateTimeField()
+    # A checkpointed step's recorded result (effect key `checkpoint:<name>`).
+    value = models.JSONField(null=True, blank=True)
 
     class Meta:
         db_table = "conveyor_ledger"

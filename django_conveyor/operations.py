@@ -14,6 +14,7 @@ from django.utils import timezone
 from . import protocol
 from .compat import task_backends
 from .conf import conveyor_settings
+from .serialization import to_json
 
 BATCH_SIZE = 1000  # Jobs per transaction in a bulk operation.
 
@@ -63,6 +64,42 @@ def request_cancel(
     database = database or conveyor_settings().DATABASE
     with transaction.atomic(using=database), connections[database].cursor() as cursor:
         return protocol.request_cancel(cursor, ids=list(ids), actor=actor)
+
+
+def approve(
+    ids: Sequence[int], *, database: str | None = None, actor: str = protocol.DEFAULT_ACTOR
+) -> list[int]:
+    """Send each waiting signal gate the signal it waits for, with an approval payload.
+
+    The payload is `{"approved": true, "by": actor}`; returns the gates whose
+    wait ended (the others no longer waited, or wait for no signal).
+    """
+    return _signal_each(ids, database, actor, reject=False)
+
+
+def reject(
+    ids: Sequence[int], *, database: str | None = None, actor: str = protocol.DEFAULT_ACTOR
+) -> list[int]:
+    """End the wait of each waiting signal gate as failed (rejected by `actor`)."""
+    return _signal_each(ids, database, actor, reject=True)
+
+
+def _signal_each(
+    ids: Sequence[int], database: str | None, actor: str, *, reject: bool
+) -> list[int]:
+    database = database or conveyor_settings().DATABASE
+    payload = to_json({"approved": True, "by": actor}, "the approval's payload")
+    ended = []
+    with transaction.atomic(using=database), connections[database].cursor() as cursor:
+        for id_ in ids:
+            found = protocol.gate_state(cursor, gate_id=id_)
+            name = (found[2] or {}).get("signal") if found else None
+            if name and protocol.signal(
+                cursor, gate_id=id_, name=name, payload=None if reject else payload,
+                reject=reject, reason="rejected in the admin" if reject else None, actor=actor,
+            ):  # fmt: skip
+                ended.append(id_)
+    return ended
 
 
 def in_batches(

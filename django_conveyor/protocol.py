@@ -20,6 +20,8 @@ States and the only transitions (DESIGN §3)::
     running --REQUEST_CANCEL--> running, with a cancel request (no state change)
     running with a cancel request --CANCEL_HELD (holder) / REAP (expired)--> cancelled
     (a schedule's tick) --CRON_ENQUEUE--> available, with the row of conveyor_cron advanced
+    blocked gate that waits --SIGNAL / CONDITION_MET / GATE_TIMEOUT--> completed or failed
+    running --CHECKPOINT--> running, with a step's record in conveyor_ledger (no state change)
 
 The guard. Every CLAIM issues a new fencing token: `lease_version + 1`, with
 `lease_owner` set to the claiming worker. Every later write a worker makes
@@ -64,6 +66,17 @@ dependency's failure cancelled return to `blocked`, transitively, their
 counters recomputed under share locks on their dependencies. Lock order is
 always a dependency before its dependents.
 
+Gates. A job with a `gate` definition is a workflow step no handler
+runs. Every statement that would make a job available (ENQUEUE, UNBLOCK,
+CANCEL_DEPENDENTS, REBLOCK_DEPENDENTS, REQUEUE) keeps a gate `blocked`, and
+sets its `gate_deadline` when its upstream is satisfied: it then waits
+(blocked, pending_dependencies = 0). CLAIM reads only available rows, so it
+never takes a gate. SIGNAL, CONDITION_MET and GATE_TIMEOUT end the wait,
+each guarded by "still waits" under the gate's row lock, so the first one
+wins and a gate ends once; its dependents follow in the same transaction.
+CHECKPOINT records a resumable step under the fence, inside the attempt's
+guarded transaction (after LOCK_FOR_EFFECT), once per (job, step).
+
 Operators leave a trace: REQUEUE, CANCEL, REQUEST_CANCEL and CANCEL_HELD
 append `{"time", "actor", "action", "detail"}` to the job's `history`; so
 does a SNOOZE whose delay the worker capped at ten years (no state changes
@@ -85,7 +98,8 @@ exactly once; every job ends in a final state while some worker runs.
 
 The module reads by action family: enqueue, claim, outcomes (what the
 holder of a lease writes), maintenance (reap, prune), operators (requeue,
-cancel), workflows (unblock, cancel and reblock dependents) and cron. Each
+cancel), workflows (unblock, cancel and reblock dependents), gates (signal,
+condition met, gate timeout, checkpoint) and cron. Each
 SQL constant sits directly above the function that runs it; `ACTIONS`, at
 the end, names them for `tests/test_spec_names.py`.
 """
@@ -155,6 +169,30 @@ def _history(action: str, detail: str) -> str:
     )
 
 
+# A gate (the Gates family below) is kept blocked by every statement that
+# would make a job available, and its deadline is set when its last upstream
+# step is satisfied (it then waits): a timer's `until`, else now() plus its
+# `seconds` (a timer's duration, a timeout), else NULL. `row` is the table alias.
+def _gate_deadline(row: str) -> str:
+    return (
+        f"COALESCE(({row}.gate ->> 'until')::timestamptz, "
+        f"now() + make_interval(secs => ({row}.gate ->> 'seconds')::float8))"
+    )
+
+
+def _waits_or_runs(row: str, unsatisfied: str) -> str:
+    """The state of a job whose dependencies are counted: blocked while `unsatisfied`, or a gate."""
+    return f"CASE WHEN {unsatisfied} OR {row}.gate IS NOT NULL THEN 'blocked' ELSE 'available' END"
+
+
+def _armed_deadline(row: str, satisfied: str, otherwise: str) -> str:
+    """A gate's deadline once `satisfied` (its upstream done), else `otherwise`."""
+    return (
+        f"CASE WHEN {row}.gate IS NOT NULL AND {satisfied} THEN {_gate_deadline(row)} "
+        f"ELSE {otherwise} END"
+    )
+
+
 # -- Enqueue: new jobs, in the caller's transaction ------------------------------------------------
 
 
@@ -171,6 +209,7 @@ class NewJob:
     idempotency_key: str | None = None
     depends_on: tuple[int, ...] = ()  # Job ids in the same database, already enqueued.
     dependency_policy: str = "cancel"  # Or "run": run once every dependency is final.
+    gate: dict[str, Any] | None = None  # A gate's definition (workflows/gates.py); None: a job.
     unique: UniqueCall | None = None  # Unique jobs: the call's key (unique.py).
 
 
@@ -189,6 +228,7 @@ _ENQUEUE_COLUMNS = """
     task_path text, args jsonb, kwargs jsonb, queue text, backend text, priority int,
     max_attempts int, run_after timestamptz, idempotency_key text, ord int,
     pending int, policy text,
+    gate jsonb,
     unique_key text, unique_period float8, unique_states jsonb, uniqueness jsonb
 """
 
@@ -214,12 +254,14 @@ WITH input AS (
         task_path, args, kwargs, queue, backend, priority, state, attempt, max_attempts,
         run_after, enqueued_run_after, lease_version, idempotency_key, errors, enqueued_at,
         pending_dependencies, dependency_policy,
+        gate, gate_deadline,
         unique_key, unique_window, unique_states, uniqueness
     )
     SELECT task_path, args, kwargs, queue, backend, priority,
-           CASE WHEN pending > 0 THEN 'blocked' ELSE 'available' END, 0, max_attempts,
+           {_waits_or_runs("input", "pending > 0")}, 0, max_attempts,
            COALESCE(run_after, now()), run_after, 0, idempotency_key, '[]'::jsonb, now(),
            pending, policy,
+           gate, {_armed_deadline("input", "pending = 0", "NULL")},
            unique_key, {_window("unique_period")}, unique_states, uniqueness
     FROM input ORDER BY ord
     ON CONFLICT DO NOTHING
@@ -461,6 +503,7 @@ def _row(job: NewJob, source: NewJob, ord_: int, pending: int) -> dict[str, Any]
         "ord": ord_,
         "pending": pending,
         "policy": job.dependency_policy,
+        **({"gate": job.gate} if job.gate is not None else {}),
     }
 
 
@@ -1220,7 +1263,13 @@ def _same_key(a: str, b: str) -> str:
 REQUEUE = f"""
 UPDATE conveyor_job AS j
 SET state = CASE WHEN EXISTS (SELECT 1 FROM conveyor_dependency AS d WHERE d.job_id = j.id)
+                      OR j.gate IS NOT NULL
                  THEN 'blocked' ELSE 'available' END,
+    gate_deadline = {
+    _armed_deadline(
+        "j", "NOT EXISTS (SELECT 1 FROM conveyor_dependency AS d WHERE d.job_id = j.id)", "NULL"
+    )
+},
     attempt = 0, run_after = now(), finished_at = NULL,
     lease_expires_at = NULL, return_value = NULL, isolated = false,
     cancel_requested_at = NULL, cancel_requested_by = NULL,
@@ -1402,9 +1451,10 @@ _NOTIFY_AVAILABLE = """CASE WHEN %(notify)s AND j.state = 'available' AND j.run_
 UNBLOCK = f"""{_DEPENDENTS_OF}
 UPDATE conveyor_job AS j
 SET pending_dependencies = j.pending_dependencies - locked.n,
-    state = CASE WHEN j.pending_dependencies - locked.n > 0 THEN 'blocked' ELSE 'available' END,
+    state = {_waits_or_runs("j", "j.pending_dependencies - locked.n > 0")},
     run_after = CASE WHEN j.pending_dependencies - locked.n > 0 THEN j.run_after
-                     ELSE greatest(j.run_after, now()) END
+                     ELSE greatest(j.run_after, now()) END,
+    gate_deadline = {_armed_deadline("j", "j.pending_dependencies - locked.n <= 0", "NULL")}
 FROM locked
 WHERE j.id = locked.id
 RETURNING j.id, j.state, {_NOTIFY_AVAILABLE}
@@ -1439,8 +1489,13 @@ _DEPENDENCY_FAILED_ENTRY = _error_entry(
 CANCEL_DEPENDENTS = f"""{_DEPENDENTS_OF}
 UPDATE conveyor_job AS j
 SET state = CASE WHEN j.dependency_policy = 'cancel' THEN 'cancelled'
-                 WHEN j.pending_dependencies - locked.n > 0 THEN 'blocked'
+                 WHEN j.pending_dependencies - locked.n > 0 OR j.gate IS NOT NULL THEN 'blocked'
                  ELSE 'available' END,
+    gate_deadline = {
+    _armed_deadline(
+        "j", "j.dependency_policy = 'run' AND j.pending_dependencies - locked.n <= 0", "NULL"
+    )
+},
     pending_dependencies = CASE WHEN j.dependency_policy = 'cancel' THEN j.pending_dependencies
                                 ELSE j.pending_dependencies - locked.n END,
     finished_at = CASE WHEN j.dependency_policy = 'cancel' THEN now() END,
@@ -1515,7 +1570,16 @@ UPDATE conveyor_job AS j
 SET pending_dependencies = CASE WHEN j.dependency_policy = 'run' THEN locked.unsettled
                                 ELSE locked.unfinished END,
     state = CASE WHEN (CASE WHEN j.dependency_policy = 'run' THEN locked.unsettled
-                            ELSE locked.unfinished END) > 0 THEN 'blocked' ELSE 'available' END,
+                            ELSE locked.unfinished END) > 0 OR j.gate IS NOT NULL
+                 THEN 'blocked' ELSE 'available' END,
+    gate_deadline = {
+    _armed_deadline(
+        "j",
+        '''(CASE WHEN j.dependency_policy = 'run'
+        THEN locked.unsettled ELSE locked.unfinished END) = 0''',
+        "NULL",
+    )
+},
     finished_at = NULL,
     run_after = greatest(j.run_after, now()),
     history = CASE WHEN j.state = 'blocked' THEN j.history ELSE j.history || jsonb_build_array(
@@ -1554,6 +1618,246 @@ def reblock_dependents(
         requeued |= set(frontier)
         back += frontier
     return back
+
+
+# -- Gates: waits that end by a signal, a row condition or the clock; checkpoints ------------------
+
+
+# A gate waits while it is blocked with its upstream done. Each statement
+# that ends the wait (SIGNAL, CONDITION_MET, GATE_TIMEOUT) is guarded by it
+# under the gate's row lock, so the first to come ends it and the others
+# match no row: a gate's wait ends once.
+_GATE_WAITS = "j.state = 'blocked' AND j.pending_dependencies = 0"
+
+
+def _gate_error_entry(exception: str, text: str) -> str:
+    """A gate's entry in `errors` (`exception` in django_conveyor.exceptions): it never ran."""
+    return _error_entry(
+        f"""jsonb_build_object('exception_class_path', 'django_conveyor.exceptions.{exception}',
+            'traceback', {text})""",
+        ran=False,
+    )
+
+
+_SIGNAL_REJECTED_ENTRY = _gate_error_entry(
+    "SignalRejected",
+    "'The signal ' || (j.gate ->> 'signal') || ' was rejected by ' || %(actor)s::text"
+    " || COALESCE(': ' || %(reason)s::text, '.')",
+)
+
+SIGNAL = f"""
+UPDATE conveyor_job AS j
+SET state = CASE WHEN %(reject)s THEN 'failed' ELSE 'completed' END,
+    return_value = CASE WHEN %(reject)s THEN NULL ELSE %(payload)s::jsonb END,
+    finished_at = now(), gate_deadline = NULL,
+    errors = CASE WHEN %(reject)s THEN j.errors || {_SIGNAL_REJECTED_ENTRY} ELSE j.errors END,
+    history = j.history || {
+    _history(
+        "signal", "CASE WHEN %(reject)s THEN 'rejected ' ELSE 'sent ' END || (j.gate ->> 'signal')"
+    )
+}
+WHERE j.id = %(id)s AND {_GATE_WAITS}
+  AND j.gate ->> 'kind' = 'signal' AND j.gate ->> 'signal' = %(name)s
+RETURNING j.id, j.state
+"""
+
+
+def signal(
+    cursor: Cursor,
+    *,
+    gate_id: int,
+    name: str,
+    payload: str | None,
+    reject: bool = False,
+    reason: str | None = None,
+    actor: str = DEFAULT_ACTOR,
+) -> str | None:
+    """End a signal gate's wait: completed with `payload` (JSON text), or failed (rejected).
+
+    Guard: the gate waits (blocked, its upstream done) for the signal `name`.
+    Its dependents are unblocked (or settled, on a rejection) in the same
+    transaction. Returns the gate's new state; None (zero rows) means it does
+    not wait for this signal now (`gate_state` tells why); nothing changed.
+    """
+    cursor.execute(
+        SIGNAL,
+        {"id": gate_id, "name": name, "payload": payload, "reject": reject, "reason": reason,
+         "actor": actor},
+    )  # fmt: skip
+    rows = cursor.fetchall()
+    if not rows:
+        return None
+    state = rows[0][1]
+    if state == "completed":
+        unblock(cursor, ids=[gate_id])
+    else:
+        cancel_dependents(cursor, ids=[gate_id])
+    return state
+
+
+# A plain read after a SIGNAL that matched no row, to say why.
+GATE_STATE = "SELECT state, pending_dependencies, gate FROM conveyor_job WHERE id = %(id)s"
+
+
+def gate_state(cursor: Cursor, *, gate_id: int) -> tuple[str, int, dict[str, Any] | None] | None:
+    """A job's state, pending count and gate definition (None: no such job)."""
+    cursor.execute(GATE_STATE, {"id": gate_id})
+    rows = cursor.fetchall()
+    if not rows:
+        return None
+    state, pending, gate = rows[0]
+    return state, pending, loaded(gate)
+
+
+# The waiting condition gates in id order, after the last one checked
+# (conveyor_job_gate_waiting_idx), or the ones named; locked, so that the
+# CONDITION_MET of what their check found is theirs alone.
+WAITING_CONDITIONS = """
+SELECT id, gate FROM conveyor_job
+WHERE state = 'blocked' AND gate IS NOT NULL AND (gate ->> 'kind') = 'condition'
+  AND pending_dependencies = 0 AND id > %(after)s
+  AND (%(ids)s::bigint[] IS NULL OR id = ANY(%(ids)s::bigint[]))
+ORDER BY id
+LIMIT %(limit)s
+FOR UPDATE SKIP LOCKED
+"""
+
+
+def waiting_conditions(
+    cursor: Cursor, *, after: int, limit: int, ids: Sequence[int] | None = None
+) -> list[tuple[int, dict[str, Any]]]:
+    """Lock up to `limit` waiting condition gates after `after` (or of `ids`): (id, condition).
+
+    Rows another transaction holds are skipped: a later pass checks them.
+    """
+    cursor.execute(
+        WAITING_CONDITIONS,
+        {"after": after, "limit": limit, "ids": list(ids) if ids is not None else None},
+    )
+    return [(gate_id, loaded(gate)["condition"]) for gate_id, gate in cursor.fetchall()]
+
+
+_CONDITION_INVALID_ENTRY = _gate_error_entry("ConditionInvalid", "h.error")
+
+# The gates service checked these conditions under the gates' row locks: a
+# row matched (its pk is the result), or the condition could not be evaluated.
+CONDITION_MET = f"""
+UPDATE conveyor_job AS j
+SET state = CASE WHEN h.error IS NULL THEN 'completed' ELSE 'failed' END,
+    return_value = CASE WHEN h.error IS NULL THEN jsonb_build_object('matched', h.matched) END,
+    finished_at = now(), gate_deadline = NULL,
+    errors = CASE WHEN h.error IS NULL THEN j.errors ELSE j.errors || {_CONDITION_INVALID_ENTRY} END
+FROM jsonb_to_recordset(%(rows)s::jsonb) AS h(id bigint, matched jsonb, error text)
+WHERE j.id = h.id AND {_GATE_WAITS} AND j.gate ->> 'kind' = 'condition'
+RETURNING j.id, j.state
+"""
+
+
+def condition_met(cursor: Cursor, *, rows: Iterable[dict[str, Any]]) -> dict[int, str]:
+    """End condition gates: completed with `matched`, or failed with `error` (text).
+
+    Guard: the gate waits and is a condition. Call it under the gates' row
+    locks (`waiting_conditions` takes them before the check). Returns the new
+    state of each gate ended; a gate missing from it no longer waits.
+    """
+    rows = list(rows)
+    if not rows:
+        return {}
+    cursor.execute(CONDITION_MET, {"rows": _json(rows)})
+    states = dict(cursor.fetchall())
+    unblock(cursor, ids=[i for i, state in states.items() if state == "completed"])
+    cancel_dependents(cursor, ids=[i for i, state in states.items() if state == "failed"])
+    return states
+
+
+class GateEnded(NamedTuple):
+    id: int
+    state: str  # completed or failed.
+    task_path: str
+    queue: str
+
+
+_ENDS_WELL = "(j.gate ->> 'kind' = 'sleep' OR j.gate ->> 'on_timeout' = 'continue')"
+
+_GATE_TIMED_OUT_ENTRY = _gate_error_entry(
+    "GateTimedOut",
+    "'The gate timed out at ' || j.gate_deadline || ' without its '"
+    " || COALESCE('signal ' || (j.gate ->> 'signal'), 'condition') || '.'",
+)
+
+# Due gates through conveyor_job_gate_due_idx, on the database's clock. A
+# timer completes; a timeout completes with the marker ('continue') or fails.
+# SKIP LOCKED: a gate a signal holds is left to it (it ends the wait first).
+GATE_TIMEOUT = f"""
+WITH due AS (
+    SELECT id FROM conveyor_job
+    WHERE state = 'blocked' AND gate_deadline <= now()
+    ORDER BY gate_deadline
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE conveyor_job AS j
+SET state = CASE WHEN {_ENDS_WELL} THEN 'completed' ELSE 'failed' END,
+    return_value = CASE
+        WHEN j.gate ->> 'kind' = 'sleep' THEN jsonb_build_object('slept_until', j.gate_deadline)
+        WHEN j.gate ->> 'on_timeout' = 'continue'
+        THEN jsonb_build_object('timed_out', true, 'deadline', j.gate_deadline) END,
+    finished_at = now(), gate_deadline = NULL,
+    errors = CASE WHEN {_ENDS_WELL} THEN j.errors ELSE j.errors || {_GATE_TIMED_OUT_ENTRY} END
+FROM due
+WHERE j.id = due.id AND {_GATE_WAITS}
+RETURNING j.id, j.state, j.task_path, j.queue
+"""
+
+
+def gate_timeout(cursor: Cursor, *, limit: int = 500) -> list[GateEnded]:
+    """End up to `limit` gates whose deadline passed (timers, timeouts).
+
+    Guard: the gate waits and `gate_deadline <= now()`; rows locked by
+    another transaction are skipped. Dependents follow in the same transaction.
+    """
+    cursor.execute(GATE_TIMEOUT, {"limit": limit})
+    ended = [GateEnded(*row) for row in cursor.fetchall()]
+    unblock(cursor, ids=[g.id for g in ended if g.state == "completed"])
+    cancel_dependents(cursor, ids=[g.id for g in ended if g.state == "failed"])
+    return ended
+
+
+# A resumable step's record, inside the attempt's guarded transaction (after
+# LOCK_FOR_EFFECT), fenced itself: a stale token inserts nothing. The unique
+# (job, effect key) keeps one record per step.
+CHECKPOINT = """
+INSERT INTO conveyor_ledger (job_id, effect_key, lease_version, worker, applied_at, value)
+SELECT j.id, %(key)s, j.lease_version, j.lease_owner, now(), %(value)s::jsonb
+FROM conveyor_job AS j
+WHERE j.id = %(id)s AND j.state = 'running'
+  AND j.lease_owner = %(owner)s AND j.lease_version = %(version)s
+ON CONFLICT (job_id, effect_key) DO NOTHING
+RETURNING id
+"""
+
+
+def checkpoint(
+    cursor: Cursor, *, job_id: int, owner: str, version: int, key: str, value: str | None
+) -> bool:
+    """Record a step's value (JSON text) under the token; call it under LOCK_FOR_EFFECT.
+
+    False: the token does not hold the job, or the step is already recorded.
+    """
+    cursor.execute(
+        CHECKPOINT, {"id": job_id, "owner": owner, "version": version, "key": key, "value": value}
+    )
+    return bool(cursor.fetchall())
+
+
+RECORDED_STEP = "SELECT value FROM conveyor_ledger WHERE job_id = %(id)s AND effect_key = %(key)s"
+
+
+def recorded_step(cursor: Cursor, *, job_id: int, key: str) -> tuple[bool, Any]:
+    """(True, value) when the job's step `key` is recorded, else (False, None)."""
+    cursor.execute(RECORDED_STEP, {"id": job_id, "key": key})
+    rows = cursor.fetchall()
+    return (True, loaded(rows[0][0])) if rows else (False, None)
 
 
 # -- Cron: one tick of a periodic schedule ---------------------------------------------------------
@@ -1675,8 +1979,12 @@ ACTIONS = {
     "UNBLOCK": unblock,
     "CANCEL_DEPENDENTS": cancel_dependents,
     "REBLOCK_DEPENDENTS": reblock_dependents,
+    "SIGNAL": signal,
+    "CONDITION_MET": condition_met,
+    "GATE_TIMEOUT": gate_timeout,
+    "CHECKPOINT": checkpoint,
     "ENQUEUE_REPLACE": enqueue_replace,
 }
 
 
-__all__ = ["ACTIONS", "JobState", "Lease", "NewJob", "Reaped", "Renewed"]
+__all__ = ["ACTIONS", "GateEnded", "JobState", "Lease", "NewJob", "Reaped", "Renewed"]

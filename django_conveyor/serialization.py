@@ -41,6 +41,19 @@ def text_problem(text: str) -> str | None:
     return None
 
 
+def checked_name(value: Any, what: str, max_length: int) -> str:
+    """`value` if it is a name PostgreSQL can store (1 to `max_length` characters), else a
+    ValueError that starts with `what` ("The signal's name", "A checkpoint's name")."""
+    if not isinstance(value, str) or not value or len(value) > max_length:
+        raise ValueError(
+            f"{what} must be a non-empty string of at most {max_length} characters, "
+            f"not {value!r:.80}."
+        )
+    if problem := text_problem(value):
+        raise ValueError(f"{what} {value!r:.80} {problem}.")
+    return value
+
+
 def storable_text(text: str) -> str:
     """`text` as PostgreSQL can store it: NUL and lone surrogates escaped, and a note if so."""
     if text_problem(text) is None:

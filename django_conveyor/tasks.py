@@ -107,9 +107,12 @@ class Step:
     task: Any  # A ConveyorTask (its .using() options apply: queue, priority, depends_on...).
     args: Sequence[Any] = ()
     kwargs: dict[str, Any] = field(default_factory=dict)
+    gate: dict[str, Any] | None = None  # A gate (workflows/gates.py): no handler runs it.
 
     @property
     def label(self) -> str:
+        if self.gate is not None:
+            return f"gate {self.gate.get('signal') or self.gate['kind']}"
         return self.task.name
 
 

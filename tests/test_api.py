@@ -469,6 +469,7 @@ class TestSchemaAndDocs:
             ("get", "/conveyor/api/jobs/{job_id}"),
             ("post", "/conveyor/api/jobs/{job_id}/requeue"),
             ("post", "/conveyor/api/jobs/{job_id}/cancel"),
+            ("post", "/conveyor/api/jobs/{job_id}/signal"),
             ("get", "/conveyor/api/queues"),
             ("post", "/conveyor/api/queues/{name}/pause"),
             ("post", "/conveyor/api/queues/{name}/resume"),

@@ -235,3 +235,98 @@ def test_from_a_unique_jobs_page_to_the_job_holding_its_key(page, live_server):
     page.click("#conveyor-key-holder a")
     page.wait_for_selector("#conveyor-key-holder")
     assert "by this job (available)" in page.inner_text("#conveyor-key-holder")
+
+
+def test_approve_reject_and_signal_gates_on_the_waiting_page(page, live_server):
+    from django.contrib.admin.models import LogEntry
+
+    from django_conveyor import workflows
+    from django_conveyor.workflows import chain
+    from tests.testapp.tasks import noop
+
+    approve = chain(workflows.signal("approval"), noop.step()).enqueue()
+    reject = chain(workflows.signal("approval"), noop.step()).enqueue()
+    webhook = chain(workflows.signal("paid"), noop.step()).enqueue()
+    chain(noop.step(), workflows.signal("approval")).enqueue()  # Not waiting yet: not listed.
+    gate_of = {name: int(result[0].id) for name, result in
+               (("approve", approve), ("reject", reject), ("webhook", webhook))}  # fmt: skip
+    page.goto(live_server.url + reverse("admin:conveyor_waitinggate_changelist"))
+    listed = page.locator("input[name='_selected_action']").evaluate_all(
+        "boxes => boxes.map(b => Number(b.value))"
+    )
+    assert sorted(listed) == sorted(gate_of.values())
+    assert "signal “approval”" in page.inner_text("#result_list")
+    shot(page, "waiting-gates")
+    # Approve one, through the confirmation page.
+    page.check(f"input[name='_selected_action'][value='{gate_of['approve']}']")
+    page.select_option("select[name='action']", "approve_gates")
+    page.click("button[name='index'], input[name='index']")
+    page.wait_for_selector("#conveyor-confirm")
+    assert Job.objects.get(pk=gate_of["approve"]).state == "blocked"  # nothing changed yet
+    page.click("#conveyor-confirm-yes")
+    page.wait_for_selector("ul.messagelist")
+    assert "Approved 1 gate(s)." in page.inner_text("ul.messagelist")
+    gate = Job.objects.get(pk=gate_of["approve"])
+    assert (gate.state, gate.return_value) == (
+        "completed",
+        {"approved": True, "by": f"admin:{USERNAME}"},
+    )
+    assert Job.objects.get(pk=int(approve[1].id)).state == "available"
+    # Reject another.
+    page.check(f"input[name='_selected_action'][value='{gate_of['reject']}']")
+    page.select_option("select[name='action']", "reject_gates")
+    page.click("button[name='index'], input[name='index']")
+    page.wait_for_selector("#conveyor-confirm")
+    page.click("#conveyor-confirm-yes")
+    page.wait_for_selector("ul.messagelist")
+    assert Job.objects.get(pk=gate_of["reject"]).state == "failed"
+    assert Job.objects.get(pk=int(reject[1].id)).state == "cancelled"
+    # Any signal, with a payload: the form, a bad payload refused, then a confirmation.
+    page.goto(
+        live_server.url + reverse("admin:conveyor_waitinggate_signal", args=[gate_of["webhook"]])
+    )
+    page.fill("#id_payload", "{not json")
+    page.click("#conveyor-signal-preview")
+    assert "not valid JSON" in page.inner_text("#conveyor-signal")
+    page.fill("#id_payload", '{"charge": "ch_1"}')
+    page.click("#conveyor-signal-preview")
+    page.wait_for_selector("#conveyor-signal-payload")
+    assert Job.objects.get(pk=gate_of["webhook"]).state == "blocked"
+    page.click("#conveyor-confirm-yes")
+    page.wait_for_selector("ul.messagelist")
+    assert Job.objects.get(pk=gate_of["webhook"]).return_value == {"charge": "ch_1"}
+    messages = set(LogEntry.objects.values_list("object_id", "change_message"))
+    assert (str(gate_of["approve"]), "Approved (signal sent).") in messages
+    assert (str(gate_of["reject"]), "Rejected (signal refused).") in messages
+    assert (str(gate_of["webhook"]), "Signal 'paid' sent.") in messages
+    # The workflow graph draws the gate and what it waited for.
+    page.goto(live_server.url + reverse("admin:conveyor_job_workflow", args=[gate_of["webhook"]]))
+    node = page.locator(f".conveyor-gate[data-job='{gate_of['webhook']}']")
+    assert node.get_attribute("data-waits") == "signal “paid”"
+    shot(page, "workflow-with-gate")
+
+
+def test_the_waiting_page_needs_the_operate_permission(chromium, live_server):
+    from django.contrib.auth.models import Permission
+
+    from django_conveyor import workflows
+    from django_conveyor.workflows import chain
+
+    [gate] = chain(workflows.signal("approval")).enqueue()
+    viewer = User.objects.create_user("viewer", password=PASSWORD, is_staff=True)
+    viewer.user_permissions.add(
+        *Permission.objects.filter(codename__in=["view_job", "view_waitinggate"])
+    )
+    page = chromium.new_page()
+    page.goto(live_server.url + reverse("admin:login"))
+    page.fill("#id_username", "viewer")
+    page.fill("#id_password", PASSWORD)
+    page.click("input[type=submit]")
+    page.goto(live_server.url + reverse("admin:conveyor_waitinggate_changelist"))
+    assert page.locator("select[name='action']").count() == 0  # No approve / reject for it.
+    response = page.goto(
+        live_server.url + reverse("admin:conveyor_waitinggate_signal", args=[int(gate.id)])
+    )
+    assert response.status == 403
+    assert Job.objects.get(pk=int(gate.id)).state == "blocked"
+    page.close()

@@ -87,6 +87,32 @@ CANCEL = JobAction(
 )
 
 
+WAITING = frozenset({JobState.BLOCKED})
+APPROVE = JobAction(
+    name="approve_gates",
+    verb="approve",
+    past="approved",
+    explain=(
+        "Each gate receives the signal it waits for, with the payload "
+        '{"approved": true, "by": "admin:<you>"}: it completes, and the workflow goes on. '
+        "Gates that no longer wait, or wait for a timer or a condition, are left alone."
+    ),
+    steps=(Step(WAITING, "approve", "Approved {n} gate(s).", "Approved (signal sent)."),),
+    skipped="Skipped {n} gate(s) that no longer waited for a signal.",
+)
+REJECT = JobAction(
+    name="reject_gates",
+    verb="reject",
+    past="rejected",
+    explain=(
+        "Each gate ends failed (SignalRejected): the steps after it follow their "
+        "dependency policy (by default they are cancelled). Requeueing a gate makes it wait again."
+    ),
+    steps=(Step(WAITING, "reject", "Rejected {n} gate(s).", "Rejected (signal refused)."),),
+    skipped="Skipped {n} gate(s) that no longer waited for a signal.",
+)
+
+
 def ids_in_batches(queryset: QuerySet[Job], batch_size: int) -> Iterator[int]:
     """Every id of the queryset, by keyset pages: no OFFSET, no long-held cursor."""
     last = 0
@@ -209,10 +235,12 @@ def list_action(action: JobAction, description: str) -> Any:
 
 
 requeue_jobs = list_action(REQUEUE, "Requeue selected jobs (failed, dead or cancelled)")
+approve_gates = list_action(APPROVE, "Approve selected gates (send the signal each waits for)")
+reject_gates = list_action(REJECT, "Reject selected gates (they fail)")
 cancel_jobs = list_action(CANCEL, "Cancel selected jobs (running ones cooperatively)")
 
 
-JOB_PAGE_ACTIONS = {"requeue": REQUEUE, "cancel": CANCEL}
+JOB_PAGE_ACTIONS = {"requeue": REQUEUE, "cancel": CANCEL, "approve": APPROVE, "reject": REJECT}
 
 
 def job_page_action(

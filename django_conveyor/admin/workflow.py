@@ -67,13 +67,16 @@ class Neighbours:
 
 
 def _neighbour(job: Job) -> Neighbour:
-    return Neighbour(
-        job.id, job.task_name, job.state, reverse("admin:conveyor_job_change", args=[job.id])
-    )
+    name = f"gate: {waits_for(job)}" if job.gate else job.task_name
+    return Neighbour(job.id, name, job.state, reverse("admin:conveyor_job_change", args=[job.id]))
 
 
 def _neighbours(database: str, ids_query: Any) -> tuple[list[Neighbour], int]:
-    jobs = Job.objects.using(database).filter(pk__in=ids_query).only("id", "task_path", "state")
+    jobs = (
+        Job.objects.using(database)
+        .filter(pk__in=ids_query)
+        .only("id", "task_path", "state", "gate", "pending_dependencies")
+    )
     rows = list(jobs.order_by("id")[: NEIGHBOUR_LIMIT + 1])
     listed = [_neighbour(j) for j in rows[:NEIGHBOUR_LIMIT]]
     more = ids_query.count() - NEIGHBOUR_LIMIT if len(rows) > NEIGHBOUR_LIMIT else 0
@@ -127,7 +130,9 @@ def workflow_graph(job_id: int, database: str, limit: int | None = None) -> Grap
     ids = ids[:limit]
     nodes = {
         j.id: j
-        for j in Job.objects.using(database).filter(pk__in=ids).only("id", "task_path", "state")
+        for j in Job.objects.using(database)
+        .filter(pk__in=ids)
+        .only("id", "task_path", "state", "gate", "pending_dependencies")
     }
     edges = list(
         Dependency.objects.using(database)
@@ -188,7 +193,26 @@ def _edge(source: int, target: int, place: dict[int, tuple[int, int]]) -> tuple[
     return (source, target, x1, y1, x1 + bend, y1, x2 - bend, y2, x2, y2)
 
 
+def waits_for(job: Job) -> str:
+    """What a gate waits for, in words ("" for a job that is not a gate)."""
+    gate = job.gate or {}
+    kind = gate.get("kind")
+    if kind == "signal":
+        text = f"signal “{gate.get('signal')}”"
+    elif kind == "sleep":
+        text = "timer"
+    elif kind == "condition":
+        text = f"a row of {(gate.get('condition') or {}).get('model', '?')}"
+    else:
+        return ""
+    if job.state == "blocked" and job.pending_dependencies:
+        return f"{text}, after {job.pending_dependencies} upstream step(s)"
+    return text
+
+
 def _node(job: Job, at: tuple[int, int], current: bool) -> SafeString:
+    if job.gate:
+        return _gate_node(job, at, current)
     fill, ink = STATE_COLOURS.get(job.state, ("#ffffff", "#000000"))
     x, y = at
     url = reverse("admin:conveyor_job_change", args=[job.pk])
@@ -223,3 +247,24 @@ def _node(job: Job, at: tuple[int, int], current: bool) -> SafeString:
         ink,
         job.state,
     )
+
+
+def _gate_node(job: Job, at: tuple[int, int], current: bool) -> SafeString:
+    """A gate: a dashed box saying what it waits for (no handler runs it)."""
+    fill, ink = STATE_COLOURS.get(job.state, ("#ffffff", "#000000"))
+    x, y = at
+    url = reverse("admin:conveyor_job_change", args=[job.pk])
+    stroke_width = 2.5 if current else 1.5
+    waits = waits_for(job)
+    return format_html(
+        "<a href='{}'><g class='conveyor-node conveyor-gate' data-job='{}' data-state='{}' "
+        "data-waits='{}'><title>gate {} ({}): waits for {}</title>"
+        "<rect x='{}' y='{}' width='{}' height='{}' rx='14' fill='{}' stroke='#1d4e89' "
+        "stroke-width='{}' stroke-dasharray='5 3'/>"
+        "<text x='{}' y='{}' font-size='12' fill='{}'>gate #{}: {}</text>"
+        "<text x='{}' y='{}' font-size='11' fill='{}'>{}</text></g></a>",
+        url, job.pk, job.state, waits, job.pk, job.state, waits,
+        x, y, NODE_WIDTH, NODE_HEIGHT, fill, stroke_width,
+        x + 8, y + 15, ink, job.pk, waits.split(",")[0][:14],
+        x + 8, y + 30, ink, job.state,
+    )  # fmt: skip

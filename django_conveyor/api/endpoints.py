@@ -24,7 +24,7 @@ from ninja.responses import Status
 from .. import operations, queue_counts
 from ..compat import InvalidTask, Task, TaskResultDoesNotExist
 from ..conf import conveyor_settings
-from ..exceptions import ArgumentsNotSerializable, IdempotencyKeyReused
+from ..exceptions import ArgumentsNotSerializable, GateError, GateNotFound, IdempotencyKeyReused
 from ..models import Job
 from ..results import parse_result_id, result_id
 from ..states import CANCELLABLE_STATES, REQUEUEABLE_STATES, JobState
@@ -40,6 +40,7 @@ from .schemas import (
     JobOut,
     JobPage,
     QueueOut,
+    SignalIn,
     StateName,
     UniqueIn,
 )
@@ -97,6 +98,8 @@ def job_out(job: Job, database: str) -> dict[str, Any]:
         "errors": job.errors,
         "cancel_requested_at": job.cancel_requested_at,
         "cancel_requested_by": job.cancel_requested_by,
+        "gate": job.gate,
+        "gate_deadline": job.gate_deadline,
         "unique": unique_out(job),
     }
 
@@ -402,6 +405,41 @@ def cancel_job(request: HttpRequest, job_id: str) -> Status:
         raise _conflict(job_id, job, "cancelled", CANCELLABLE_STATES | {JobState.RUNNING})
     logger.info("%s %s job %s", actor, "cancelled" if status == 200 else "asked to cancel", job_id)
     return Status(status, job_out(job, database))
+
+
+@router.post(
+    "/jobs/{job_id}/signal",
+    tags=["jobs"],
+    response={200: JobOut, 409: ProblemOut, **ERRORS},
+    auth=credentials("operate", "conveyor.change_job"),
+    summary="Send a signal to a gate: its wait ends, and its dependents run",
+    url_name="signal_job",
+)
+def signal_job(request: HttpRequest, job_id: str, body: SignalIn) -> dict[str, Any]:
+    """The gate completes with the payload as its result (or, with `reject`, fails).
+    400: a bad name or payload. 404: no such job. 409: the job is not a gate that
+    waits for this signal now (another name, upstream not done, already signalled,
+    timed out, cancelled); the detail says which. Nothing is written then."""
+    from ..workflows.gates import reject_signal, send_signal
+
+    database, job = _job(job_id)
+    actor = request.auth.actor
+    try:
+        if body.reject:
+            reject_signal(result_id(database, job.id), body.name, reason=body.reason, actor=actor)
+        else:
+            send_signal(result_id(database, job.id), body.name, body.payload, actor=actor)
+    except GateNotFound as exc:
+        raise Problem(404, str(exc)) from None
+    except GateError as exc:
+        raise Problem(409, str(exc), job_id=job_id) from None
+    except (ArgumentsNotSerializable, ValueError) as exc:
+        field = "reason" if body.reject else ("name" if "signal name" in str(exc) else "payload")
+        raise field_problem(field, str(exc)) from None
+    job.refresh_from_db(using=database)
+    logger.info("%s %s signal %r to job %s", actor, "rejected" if body.reject else "sent",
+                body.name, job_id)  # fmt: skip
+    return job_out(job, database)
 
 
 def queue_out(entry: queue_counts.QueueCounts) -> dict[str, Any]:

@@ -130,7 +130,30 @@ class JobOut(JobSummary):
     cancel_requested_by: str | None = Field(
         None, description="Who asked: 'api:<key name>', 'admin:<username>', 'cli' or 'code'."
     )
+    gate: dict[str, Any] | None = Field(
+        None,
+        description="For a gate (a workflow step no handler runs): what it waits for, e.g. "
+        "{'kind': 'signal', 'signal': 'approval', 'seconds': 172800, 'on_timeout': 'fail'}.",
+    )
+    gate_deadline: datetime | None = Field(
+        None, description="For a gate that waits: when its timeout or timer fires."
+    )
     unique: UniqueOut | None = Field(None, description="Null: the job has no unique key.")
+
+
+class SignalIn(Schema):
+    """A signal to a gate: it ends the gate's wait (docs/workflows.md)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=100, description="The signal the gate waits for.")
+    payload: Any = Field(
+        None, description="JSON, at most 64 KiB; the gate's result, read by its dependents."
+    )
+    reject: bool = Field(
+        False, strict=True, description="True: end the wait failed (a rejected approval)."
+    )
+    reason: str = Field("", max_length=1000, description="Why, for a rejection.")
 
 
 class JobPage(Schema):

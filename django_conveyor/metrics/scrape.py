@@ -73,11 +73,41 @@ class DatabaseCollector(Collector):
             expired.add_metric([queue.name], queue.leases_expired)
             paused.add_metric([queue.name], 1 if queue.paused else 0)
         yield from (jobs, lag, dead_letters, active, expired, paused)
+        waiting = GaugeMetricFamily(
+            "conveyor_gates_waiting",
+            "Gates (workflow steps no handler runs) that wait, per queue and kind: signal, "
+            "sleep (a timer) or condition (wait_until). Exact.",
+            labels=["queue", "kind"],
+        )
+        for (queue, kind), count in sorted(waiting_gates().items()):
+            waiting.add_metric([queue, kind], count)
+        yield waiting
         yield GaugeMetricFamily(
             "conveyor_scrape_duration_seconds",
             "Time the database took to answer this scrape.",
             value=time.perf_counter() - started,
         )
+
+
+# Through conveyor_job_gate_waiting_idx: the waiting gates only, whatever the table's size.
+WAITING_GATES = """
+SELECT queue, gate ->> 'kind', count(*) FROM conveyor_job
+WHERE state = 'blocked' AND gate IS NOT NULL AND pending_dependencies = 0
+GROUP BY 1, 2
+"""
+
+
+def waiting_gates() -> dict[tuple[str, str], int]:
+    """Waiting gates per (queue, kind), over every database."""
+    from django.db import connections
+
+    counts: dict[tuple[str, str], int] = {}
+    for database in conveyor_settings().databases():
+        with connections[database].cursor() as cursor:
+            cursor.execute(WAITING_GATES)
+            for queue, kind, count in cursor.fetchall():
+                counts[queue, kind] = counts.get((queue, kind), 0) + count
+    return counts
 
 
 def registry() -> CollectorRegistry:

@@ -20,7 +20,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("conveyor", "0010_lean_indexes"),
+        ("conveyor", "0011_gates"),
     ]
 
     operations = [

@@ -37,6 +37,9 @@ from ..serialization import loaded
 from ..tasks import task_or_none
 from . import expressions
 
+# A standby's or a fenced primary's refusal (SQLSTATE 25006) is not this row's fault.
+READ_ONLY = psycopg.errors.ReadOnlySqlTransaction
+
 logger = logging.getLogger(__name__)
 
 BATCH_SIZE = 500  # Due schedules per pass; more due means another pass at once.
@@ -153,8 +156,8 @@ def run_once(cursor: protocol.Cursor, now: datetime, *, limit: int = BATCH_SIZE)
         try:
             _write(cursor, row, step, notify, counts)
         except Exception as exc:
-            if isinstance(exc, psycopg.OperationalError | db.OperationalError):
-                raise  # The connection, not this row: the loop reconnects.
+            if isinstance(exc, psycopg.OperationalError | db.OperationalError | READ_ONLY):
+                raise  # The connection (or a server that takes no writes), not this row.
             # A row PostgreSQL refuses stops its own schedule, never the pass.
             logger.exception("schedule %s stopped until it is fixed: tick refused", row.name)
             cursor.execute(STOP, {"cron_id": row.id})

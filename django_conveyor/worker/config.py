@@ -75,6 +75,7 @@ class WorkerConfig:
     lease_seconds: float
     heartbeat_seconds: float
     reap_seconds: float
+    gates_seconds: float
     shutdown_timeout: float
     poll_seconds: float
     prefetch: int | None  # None adapts to job length.
@@ -104,6 +105,7 @@ class WorkerConfig:
             lease_seconds=lease_seconds,
             heartbeat_seconds=interval_for(lease_seconds, settings.HEARTBEAT_SECONDS),
             reap_seconds=settings.REAP_SECONDS,
+            gates_seconds=settings.GATES_SECONDS,
             shutdown_timeout=_given(options.shutdown_timeout, settings.SHUTDOWN_TIMEOUT_SECONDS),
             poll_seconds=_given(options.poll_seconds, settings.POLL_SECONDS),
             prefetch=_given(options.prefetch, settings.PREFETCH),

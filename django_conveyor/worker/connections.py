@@ -30,6 +30,23 @@ from .backoff import LISTENER_RECONNECT_SECONDS, Ladder
 
 logger = logging.getLogger(__name__)
 
+# SQLSTATE read_only_sql_transaction: a standby, or a primary demoted or fenced
+# read-only. The connection works but takes no writes: drop it and connect
+# again (libpq's target_session_attrs=read-write then skips such a server).
+READ_ONLY_SQLSTATE = "25006"
+READ_ONLY = "database is read-only (a standby or a demoted primary?)"
+
+
+def is_read_only(exc: BaseException) -> bool:
+    """exc, or the psycopg error Django wrapped in it, says the server takes no writes."""
+    error = exc if isinstance(exc, psycopg.Error) else exc.__cause__
+    return isinstance(error, psycopg.Error) and error.sqlstate == READ_ONLY_SQLSTATE
+
+
+def one_line(exc: BaseException) -> str:
+    """An error's text on one line (libpq gives each host of a list a line of its own)."""
+    return "; ".join(part.strip() for part in str(exc).splitlines() if part.strip())
+
 
 def connection_params(alias: str) -> dict[str, Any]:
     params = dict(connections[alias].get_connection_params())
@@ -102,7 +119,8 @@ class Listener(threading.Thread):
                 backoff.reset()
             except psycopg.Error as exc:
                 delay = backoff.next_delay()
-                logger.warning("listener lost its connection (%s); retrying in %.1fs", exc, delay)
+                why = READ_ONLY if is_read_only(exc) else one_line(exc)
+                logger.warning("listener lost its connection (%s); retrying in %.1fs", why, delay)
                 self.wake()  # Anything may have been enqueued meanwhile: poll now.
                 self.stopping.wait(delay)
 

@@ -32,12 +32,13 @@ from .attempts import RELEASE, Attempt, Outcome
 from .backoff import WORKER_RECONNECT_SECONDS, Ladder
 from .claims import Claimer
 from .config import WorkerConfig, WorkerOptions
-from .connections import Listener, LoopConnection
+from .connections import READ_ONLY, Listener, LoopConnection, is_read_only, one_line
 from .handlers.reporting import Reporter
 from .handlers.slots import SlotPool
 from .holdings import Holdings
 from .instrument import Counters, log_job
 from .services.base import Now, Service, Timetable
+from .services.gates import GatesService
 from .services.heartbeat import Heartbeat
 from .services.reaper import Reaper
 from .services.registry import Registry, WorkerInfo
@@ -99,6 +100,7 @@ class Worker:
         services: list[Service] = [
             self.heartbeat,
             Reaper(interval=self.config.reap_seconds),
+            GatesService(database=self.config.database, interval=self.config.gates_seconds),
             Timeouts(self.holdings, abandon=self.slots.abandon),
             self.registry,
         ]
@@ -211,8 +213,12 @@ class Worker:
                 reconnect.reset()
             except Exception as exc:  # The loop logs and carries on.
                 delay = reconnect.next_delay()
-                if isinstance(exc, psycopg.OperationalError):
-                    logger.warning("database unavailable (%s); reconnecting in %.1fs", exc, delay)
+                if is_read_only(exc):
+                    logger.warning("%s: reconnecting in %.1fs", READ_ONLY, delay)
+                elif isinstance(exc, psycopg.OperationalError):
+                    logger.warning(
+                        "database unavailable (%s); reconnecting in %.1fs", one_line(exc), delay
+                    )
                 else:
                     logger.exception("control loop error; retrying in %.1fs", delay)
                 self.connection.drop()  # Pending outcomes are written again, fenced.

@@ -150,3 +150,22 @@ def nightly_stock_report(context) -> dict[str, int | str]:
         )
         context.record_effect(f"stock-report-{day}")
     return {"day": day.isoformat(), "units": sum(lines.values())}
+
+
+def _pack(order_id: int) -> str:
+    """The parcel's label (a step whose write commits once, with its record)."""
+    Order.objects.filter(pk=order_id, stock_updated_at__isnull=True).update(
+        stock_updated_at=timezone.now()
+    )
+    return f"PARCEL-{order_id:06d}"
+
+
+@task(takes_context=True, max_attempts=5)
+def ship_order(context, order_id: int) -> dict[str, object]:
+    """After approval and the cooling-off timer: pack (a checkpointed step), then ship.
+
+    A later attempt gets the recorded label back without packing again.
+    """
+    label = context.checkpoint("pack", _pack, order_id)
+    Order.objects.filter(pk=order_id, fulfilled_at__isnull=True).update(fulfilled_at=timezone.now())
+    return {"order": order_id, "label": label}

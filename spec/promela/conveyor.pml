@@ -22,6 +22,9 @@
  *                    CANCEL_DEPENDENTS, REQUEUE with REBLOCK_DEPENDENTS
  *   -DCANCEL_RUNNING REQUEST_CANCEL, CANCEL_HELD, cancel-aware REAP/LOCK
  *   -DCRON           one schedule with 3 ticks and two schedulers
+ *   -DGATES          job 1 is a gate after job 0, job 2 waits for it: SIGNAL,
+ *                    CONDITION_MET, GATE_TIMEOUT; jobs record one
+ *                    checkpointed step (CHECKPOINT)
  *   -DUNIQUE         unique jobs: three calls with one unique key, enqueued
  *                    while the workers run; call 0 skips a duplicate, calls
  *                    1 and 2 replace it (ENQUEUE_REPLACE); REQUEUE's key guard
@@ -33,7 +36,8 @@
  * lease_exclusive, fenced_writes, effect_once, lock_held, crash_contained,
  * dependents_wait, unblock_fenced, counter_exact, cascade_cause, operator_cancel,
  * cancel_honoured,
- * one_job_per_tick, unique_key_held, duplicate_of_holder, replace_pending;
+ * one_job_per_tick, gate_never_claimed, gate_once, gate_after_upstream,
+ * checkpoint_once, unique_key_held, duplicate_of_holder, replace_pending;
  * liveness all_final, every_tick.
  *
  * Mutations (spec/mutations.toml) edit the macros below in a copy of this
@@ -117,6 +121,38 @@
 #  endif
 #endif
 
+#ifdef GATES
+#  ifndef NJ
+#  define NJ 3                  /* job 0, then the gate (job 1), then job 2 */
+#  endif
+#  ifndef MAX_ATTEMPTS
+#  define MAX_ATTEMPTS 2
+#  endif
+#  define NO_ATOMIC             /* handlers without context.atomic() */
+#  define CHECKPOINTS
+#  ifndef REQUEUE_BUDGET
+#  define REQUEUE_BUDGET 1
+#  endif
+#  ifndef SIGNAL_BUDGET
+#  define SIGNAL_BUDGET 2
+#  endif
+#  ifndef CRASH_BUDGET
+#  define CRASH_BUDGET 0
+#  endif
+#  ifndef RELEASE_BUDGET
+#  define RELEASE_BUDGET 0
+#  endif
+#  ifndef SNOOZE_BUDGET
+#  define SNOOZE_BUDGET 0
+#  endif
+#  ifndef CANCEL_BUDGET
+#  define CANCEL_BUDGET 0
+#  endif
+#  ifndef PRUNE_BUDGET
+#  define PRUNE_BUDGET 0
+#  endif
+#endif
+
 #ifdef CRON
 #  define NJ 0                  /* the schedule only: no job runs */
 #  define MAX_TICK 3
@@ -180,6 +216,9 @@
 #ifndef MAX_TICK
 #define MAX_TICK 0
 #endif
+#ifndef SIGNAL_BUDGET
+#define SIGNAL_BUDGET 0
+#endif
 
 /* job states (conveyor_job.state); ABSENT: not inserted, PRUNED: deleted */
 #define ABSENT    0
@@ -221,8 +260,25 @@
 #define DEP(x, d) (((x) == 2 && ((d) == 0 || (d) == 1)) || ((x) == 3 && ((d) == 1 || (d) == 2)))
 #define RUN_ANYWAY(x) ((x) == 3)
 #else
+#ifdef GATES
+#define DEP(x, d) (((x) == 1 && (d) == 0) || ((x) == 2 && (d) == 1))
+#else
 #define DEP(x, d) false
+#endif
 #define RUN_ANYWAY(x) false
+#endif
+
+/* gates (conveyor_job.gate IS NOT NULL): no handler runs them */
+#ifdef GATES
+#define GATE(x) ((x) == 1)
+#else
+#define GATE(x) false
+#endif
+#define CONTINUE_ON_TIMEOUT(x) false  /* on_timeout 'fail' */
+#ifdef CHECKPOINTS
+#define CHECKPOINTS_ON true
+#else
+#define CHECKPOINTS_ON false
 #endif
 #define SAT(x, d) ((RUN_ANYWAY(x) && FINAL(jstate[d])) || (!RUN_ANYWAY(x) && jstate[d] == COMPLETED))
 #define UNSAT(x, d) (DEP(x, d) && !SAT(x, d))
@@ -262,6 +318,14 @@ byte h_cause = 0;               /* cascades naming a dependency that did not fai
 byte h_operator = 0;            /* jobs an operator cancelled, brought back by another's REQUEUE */
 bool g_fenced = false;          /* this COMPLETE landed for the lease holder */
 
+/* ---------------- gates and checkpoints (issue 27) --------------------- */
+byte outcomes[MAXJ];            /* ghost: ends of the gate's wait since it began */
+byte signals_left = SIGNAL_BUDGET;
+byte ckpt[MAXJ];                /* conveyor_ledger: claim id of the step's record; 0: none */
+byte ckpt_count[MAXJ];          /* ghost: step records committed */
+byte step_effect[MAXJ];         /* ghost: committed writes of the checkpointed step */
+byte h_gate_early = 0;          /* gate waits ended before their upstream was satisfied */
+byte h_stale_step = 0;          /* step records committed by a non-holder */
 /* ---------------- unique jobs: the keyed calls ------------------------- */
 #define CALL_IDLE     0           /* not made yet, or to be inserted again */
 #define CALL_CONFLICT 1           /* its ENQUEUE met the key; next statement pending */
@@ -340,6 +404,15 @@ byte cron_jobs[MAX_TICK + 1];   /* jobs inserted per tick */
 #define RUN_WAITS(s) ((s) == BLOCKED || (s) == AVAILABLE)   /* a 'run' dependent not started */
 #define INSERT_TICK(t) if :: cron_jobs[t] == 0 -> cron_jobs[t] = 1 :: else -> skip fi
 #define UNBLOCK_IF_REFUSED(j) skip
+#define GATE_WAITS(x) GATE(x)             /* a gate stays blocked at pending 0 */
+#define WAITING(g) (GATE(g) && jstate[g] == BLOCKED && pending[g] == 0)
+#define GUARD_SIGNAL(g) WAITING(g)
+#define GUARD_CONDITION_MET(g) WAITING(g)
+#define GUARD_GATE_TIMEOUT(g) WAITING(g)
+#define GUARD_CHECKPOINT(k, j) (FENCE(k, j) && !cancel_req[j])
+#define CKPT_READ(j) (ckpt[j] == 0)          /* the handler's read of the ledger */
+#define CKPT_UNIQUE(j) (ckpt[j] == 0)        /* unique (job, effect key) */
+
 /* unique jobs: every job of the model (0..NJ-1) is a call with one key,
  * held while blocked, available or running; the partial unique index
  * (unique_key IS NOT NULL AND unique_states @> ARRAY[state]) holds a row
@@ -412,6 +485,16 @@ byte cron_jobs[MAX_TICK + 1];   /* jobs inserted per tick */
 #define CAUSE_J(x) (jstate[x] != CANCELLED || cause[x] == NOJOB || (DEP(x, cause[x]) && DOOMED_DEP(x)))
 #define WF_OK (h_cause == 0 && NODOOM_J(0) && NODOOM_J(1) && NODOOM_J(2) && NODOOM_J(3) && \
                CAUSE_J(0) && CAUSE_J(1) && CAUSE_J(2) && CAUSE_J(3))
+
+#define GATE_J(x) (!GATE(x) || (jstate[x] != AVAILABLE && jstate[x] != RUNNING))
+#define GATE_HELD(k) (v_job[k] == NOJOB || !GATE(v_job[k]))
+#define GATE_NEVER_OK (GATE_J(0) && GATE_J(1) && GATE_J(2) && GATE_J(3) && \
+                       GATE_HELD(0) && GATE_HELD(1) && GATE_HELD(2))
+#define GATE_ONCE_OK (outcomes[0] <= 1 && outcomes[1] <= 1 && outcomes[2] <= 1 && outcomes[3] <= 1)
+#define GATE_UPSTREAM_OK (h_gate_early == 0)
+#define CKPT_J(j) (ckpt_count[j] <= 1 && step_effect[j] == ckpt_count[j])
+#define CKPT_OK (h_stale_step == 0 && CKPT_J(0) && CKPT_J(1) && CKPT_J(2) && CKPT_J(3))
+#define GATES_OK (GATE_NEVER_OK && GATE_ONCE_OK && GATE_UPSTREAM_OK && CKPT_OK)
 
 #define OPERATOR_OK (h_operator == 0)
 /* unique jobs, written out (not through INDEXED): at most one keyed job in
@@ -487,7 +570,7 @@ inline unblock(j) {
        :: jstate[x] == BLOCKED && DEP(x, j) ->
             DECREMENT(x);
             if
-            :: pending[x] == 0 ->
+            :: pending[x] == 0 && !GATE_WAITS(x) ->
                  jstate[x] = AVAILABLE; check_wait(x);
                  if :: !(jstate[j] == COMPLETED && g_fenced) -> h_unfenced++ :: else -> skip fi
             :: else -> skip
@@ -520,7 +603,7 @@ inline cancel_dependents(j) {
             :: n > 0 && RUN_ANYWAY(x) ->
                  pending[x] = pending[x] - n;
                  if
-                 :: pending[x] == 0 -> jstate[x] = AVAILABLE; check_wait(x)
+                 :: pending[x] == 0 && !GATE_WAITS(x) -> jstate[x] = AVAILABLE; check_wait(x)
                  :: else -> skip
                  fi
             :: n > 0 && !RUN_ANYWAY(x) ->
@@ -567,6 +650,7 @@ inline settle(j, st) {
 #define HAS_DEPS(j) (DEP(j, 0) || DEP(j, 1) || DEP(j, 2) || DEP(j, 3))
 inline requeue(j) {
   jstate[j] = (HAS_DEPS(j) -> BLOCKED : AVAILABLE); cause[j] = NOJOB;
+  if :: GATE(j) -> jstate[j] = BLOCKED; outcomes[j] = 0 :: else -> skip fi;  /* a gate waits again */
   attempt[j] = 0; isolated[j] = false; cancel_req[j] = false;
   nf = (1 << j); rq = nf;
   do
@@ -599,7 +683,7 @@ inline requeue(j) {
             if
             :: (up & (1 << x)) ->
                  if :: x != j && jstate[x] == CANCELLED && cause[x] == NOJOB -> h_operator++ :: else -> skip fi;
-                 pending[x] = count[x]; jstate[x] = (count[x] > 0 -> BLOCKED : AVAILABLE);
+                 pending[x] = count[x]; jstate[x] = (count[x] > 0 || GATE(x) -> BLOCKED : AVAILABLE);
                  cause[x] = NOJOB; count[x] = 0
             :: else -> skip
             fi;
@@ -873,8 +957,38 @@ inline start(w, k) {
 #define SCHEDULER_READ(w) \
   :: atomic { !frozen[w] && seen[w] == 0 && next_tick <= now -> seen[w] = next_tick; expect[w] = next_tick }
 
+/* CHECKPOINT: context.checkpoint(name, fn) found no record of its step (a
+ * plain read of the ledger); one guarded transaction: LOCK_FOR_EFFECT
+ * (FOR UPDATE, fenced, no cancel request), fn's writes, INSERT INTO
+ * conveyor_ledger (job, 'checkpoint:<name>', value, token) SELECT ... WHERE
+ * <the fence> ON CONFLICT DO NOTHING, one commit; the job stays running.
+ * The row lock covers the whole transaction, so it is one step.  The lock
+ * refused: LeaseLost, nothing commits, the attempt ends without an outcome. */
+inline checkpoint(w, k) {
+  j = v_job[k];
+  if
+  :: GUARD_CHECKPOINT(k, j) ->
+       if
+       :: CKPT_UNIQUE(j) ->
+            if :: holder[j] != v_gid[k] -> h_stale_step++ :: else -> skip fi;
+            ckpt[j] = v_gid[k];
+            if :: ckpt_count[j] < 2 -> ckpt_count[j]++ :: else -> skip fi;
+            if :: step_effect[j] < 2 -> step_effect[j]++ :: else -> skip fi
+       :: else -> skip
+       fi
+  :: else -> forget(k)
+  fi;
+  printf("CHECKPOINT worker %d slot %d job %d token %d\n", w, k, j, v_tok[k]);
+  j = 0
+}
+#define CHECKPOINT(w, k) \
+  :: atomic { CHECKPOINTS_ON && !frozen[w] && v_job[k] != NOJOB && v_phase[k] == P_RUN && \
+              CKPT_READ(v_job[k]) && (!GUARD_CHECKPOINT(k, v_job[k]) || locked[v_job[k]] == 0) -> \
+       checkpoint(w, k) }
+
 #define SLOT(w, k) HEARTBEAT(w, k) LOCK_FOR_EFFECT(w, k) EFFECT(w, k) COMPLETE(w, k) \
-  RECORD_RESULT(w, k) RETRY(w, k) FAIL(w, k) SNOOZE(w, k) RELEASE(w, k) CANCEL_HELD(w, k) START(w, k)
+  RECORD_RESULT(w, k) RETRY(w, k) FAIL(w, k) SNOOZE(w, k) RELEASE(w, k) CANCEL_HELD(w, k) START(w, k) \
+  CHECKPOINT(w, k)
 
 proctype Worker0() {
   byte j = 0; byte k = 0; byte x = 0; byte d = 0; byte n = 0; byte c = 0; byte nf = 0; byte s = 0; byte q = 0;
@@ -996,6 +1110,52 @@ end_loop:
   :: atomic { requests_left > 0 && jstate[j] == RUNNING && locked[j] == 0 && !cancel_req[j] -> \
        requests_left--; cancel_req[j] = true; printf("REQUEST_CANCEL job %d\n", j) }
 
+/* ---------------- gates (issue 27) ------------------------------------ */
+
+/* a gate's wait ends: completed, with UNBLOCK, or failed, with
+ * CANCEL_DEPENDENTS, in the same statement                               */
+inline gate_ends(g, st) {
+  if :: UNSAT_COUNT(g) > 0 -> h_gate_early++ :: else -> skip fi;
+  if :: outcomes[g] < 2 -> outcomes[g]++ :: else -> skip fi;
+  g_fenced = true; settle(g, st); g_fenced = false;
+  printf("gate       job %d -> state %d\n", g, jstate[g])
+}
+
+/* SIGNAL: send_signal(gate, name, payload) or a rejection: UPDATE ... SET
+ * state = 'completed' (return_value = payload) or 'failed' WHERE id,
+ * state = 'blocked', pending_dependencies = 0, the gate's kind and signal
+ * name; zero rows: refused, nothing changes                              */
+#define SIGNAL(g) \
+  :: atomic { GATE(g) && signals_left > 0 -> signals_left--; \
+       if \
+       :: GUARD_SIGNAL(g) -> if :: s = COMPLETED :: s = FAILED fi; gate_ends(g, s); s = 0 \
+       :: else -> skip \
+       fi }
+
+/* CONDITION_MET: the gates service found a row that matches a wait_until
+ * gate's condition (under the gate's row lock, SKIP LOCKED): completed; or
+ * the condition could not be evaluated: failed (ConditionInvalid)        */
+#define CONDITION_MET(g) \
+  :: atomic { GUARD_CONDITION_MET(g) -> \
+       if :: s = COMPLETED :: s = FAILED fi; gate_ends(g, s); s = 0 }
+
+/* GATE_TIMEOUT: the gates service, WHERE state = 'blocked' AND
+ * gate_deadline <= now() (FOR UPDATE SKIP LOCKED): completed for a timer
+ * or on_timeout 'continue', else failed                                  */
+#define GATE_TIMEOUT(g) \
+  :: atomic { GUARD_GATE_TIMEOUT(g) -> \
+       s = (CONTINUE_ON_TIMEOUT(g) -> COMPLETED : FAILED); gate_ends(g, s); s = 0 }
+
+proctype Gatekeeper() {
+  byte j = 0; byte x = 0; byte d = 0; byte n = 0; byte c = 0; byte nf = 0; byte s = 0;
+end_loop:
+  do
+  SIGNAL(0) SIGNAL(1) SIGNAL(2) SIGNAL(3)
+  CONDITION_MET(0) CONDITION_MET(1) CONDITION_MET(2) CONDITION_MET(3)
+  GATE_TIMEOUT(0) GATE_TIMEOUT(1) GATE_TIMEOUT(2) GATE_TIMEOUT(3)
+  od
+}
+
 proctype Operator() {
   byte x = 0; byte d = 0; byte n = 0; byte c = 0; byte nf = 0;
 end_loop:
@@ -1073,7 +1233,7 @@ init {
     do
     :: i < NJ ->
          pending[i] = UNSAT_COUNT(i);
-         jstate[i] = (pending[i] > 0 -> BLOCKED : AVAILABLE);
+         jstate[i] = (pending[i] > 0 || GATE(i) -> BLOCKED : AVAILABLE);
          i++
     :: else -> break
     od;
@@ -1084,7 +1244,10 @@ init {
     run Worker0();
     run Worker1();
     run World();
-    run Operator()
+    run Operator();
+#ifdef GATES
+    run Gatekeeper()
+#endif
   }
 }
 
@@ -1103,7 +1266,7 @@ T0: do \
 
 INVARIANT(safety, LEASE_OK && FENCED && EFFECT_OK && LOCK_OK && CRASH_OK && WAIT_OK && UNBLOCK_OK
                   && COUNT_OK && WF_OK && OPERATOR_OK && CANCEL_OK && TICKS_OK
-                  && UNIQUE_OK && DUP_OK && REPLACE_OK)
+                  && GATES_OK && UNIQUE_OK && DUP_OK && REPLACE_OK)
 INVARIANT(lease_exclusive, LEASE_OK)
 INVARIANT(fenced_writes, FENCED)
 INVARIANT(effect_once, EFFECT_OK)
@@ -1116,6 +1279,10 @@ INVARIANT(cascade_cause, WF_OK)
 INVARIANT(operator_cancel, OPERATOR_OK)
 INVARIANT(cancel_honoured, CANCEL_OK)
 INVARIANT(one_job_per_tick, TICKS_OK)
+INVARIANT(gate_never_claimed, GATE_NEVER_OK)
+INVARIANT(gate_once, GATE_ONCE_OK)
+INVARIANT(gate_after_upstream, GATE_UPSTREAM_OK)
+INVARIANT(checkpoint_once, CKPT_OK)
 INVARIANT(unique_key_held, UNIQUE_OK)
 INVARIANT(duplicate_of_holder, DUP_OK)
 INVARIANT(replace_pending, REPLACE_OK)

@@ -27,6 +27,9 @@
 (*   MaxTick          cron (issue 11): one schedule, ticks 1..MaxTick      *)
 (*   TxnBound         PostgreSQL ends a guarded transaction whose worker   *)
 (*                    stopped talking to it (the bound of issue 10)        *)
+(*   Gates,           durable waits (issue 27): steps no handler runs,     *)
+(*   Checkpoints      satisfied by SIGNAL, CONDITION_MET or GATE_TIMEOUT;  *)
+(*                    resumable steps recorded by CHECKPOINT               *)
 (*   Uniq             unique jobs (issue 23): keyed calls, the unique      *)
 (*                    index, debounce (ENQUEUE_REPLACE)                    *)
 (*                                                                         *)
@@ -61,7 +64,12 @@ CONSTANTS
     RunAnyway,      \* jobs with dependency_policy = 'run'; the others have 'cancel'
     CancelRunning,  \* TRUE: REQUEST_CANCEL and CANCEL_HELD
     MaxTick,        \* cron: ticks 1..MaxTick of one schedule (0: no cron)
-    MissedAll       \* cron: missed = 'all' (TRUE) or 'latest' (FALSE)
+    MissedAll,      \* cron: missed = 'all' (TRUE) or 'latest' (FALSE)
+    \* ---- gates and checkpoints (issue 27)
+    Gates,          \* jobs that are gates (conveyor_job.gate IS NOT NULL): no handler runs them
+    ContinueOnTimeout, \* gates with on_timeout = 'continue' (the others: 'fail')
+    SignalBudget,   \* signals sent (to any gate, at any time) per behaviour
+    Checkpoints     \* TRUE: a handler may record one resumable step (context.checkpoint)
 
 \* ---- unique jobs (issue 23): Uniq.key[j] is the unique key of job j's call
 \* (NoKey: none), Uniq.states the states in which a keyed job holds its key,
@@ -92,6 +100,8 @@ ASSUME
     /\ {Atomic, TxnBound, Isolation, CancelRunning, MissedAll} \subseteq BOOLEAN
     /\ Crashers \subseteq Jobs /\ (Crashers # {} => Isolation)
     /\ Deps \in [Jobs -> SUBSET Jobs] /\ RunAnyway \subseteq Jobs
+    /\ Gates \subseteq Jobs /\ ContinueOnTimeout \subseteq Gates
+    /\ SignalBudget \in Nat /\ Checkpoints \in BOOLEAN
     /\ Uniq.states \subseteq States /\ Uniq.replace \subseteq Jobs
     /\ \A j \in Jobs : Uniq.key[j] # NoKey => Deps[j] = {}   \* refused at the edge
 
@@ -130,11 +140,36 @@ VARIABLES
     expect,     \* expect[w]: the next_tick_at it read with it
     cronJobs    \* cronJobs[t]: jobs inserted for tick t
 
+\* ---- gates and checkpoints (issue 27)
+VARIABLES
+    outcomes,   \* ghost: outcomes (signal, rejection, condition, timeout) of the gate
+                \* since it last began to wait (REQUEUE of a gate starts a new wait)
+    signalsLeft, \* signals the environment may still send
+    ckpt,       \* conveyor_ledger: the claim whose checkpoint record committed; 0: none
+    ckptCount,  \* ghost: checkpoint records committed for the job's step (0..2)
+    stepEffect  \* ghost: committed business writes of the checkpointed step (0..2)
+
 row    == <<jstate, attempt, owner, version, expired, lockedBy, isolated,
             cancelReq, pending, cause, ledger, business>>
 ghost  == <<claims, holder, liveGid, completer, lostTo, alarms>>
 cron   == <<now, nextTick, seen, expect, cronJobs>>
 vars   == <<row, held, frozen, ghost, left, cron>>
+waits  == <<outcomes, signalsLeft, ckpt, ckptCount, stepEffect>>
+allVars == <<vars, waits>>
+
+WaitsTypeOK ==
+    /\ outcomes    \in [Jobs -> 0..2]
+    /\ signalsLeft \in 0..SignalBudget
+    /\ ckpt        \in [Jobs -> 0..MaxClaims]
+    /\ ckptCount   \in [Jobs -> 0..2]
+    /\ stepEffect  \in [Jobs -> 0..2]
+
+WaitsInit ==
+    /\ outcomes    = [j \in Jobs |-> 0]
+    /\ signalsLeft = SignalBudget
+    /\ ckpt        = [j \in Jobs |-> 0]
+    /\ ckptCount   = [j \in Jobs |-> 0]
+    /\ stepEffect  = [j \in Jobs |-> 0]
 
 \* iso: the worker took it by CLAIM_ISOLATED (its belief); wasIso: ghost, the
 \* row was isolated when it was claimed (what the statement really took).
@@ -165,6 +200,7 @@ TypeOK ==
     /\ now \in 0..MaxTick /\ nextTick \in 1..(MaxTick + 1)
     /\ seen \in [Workers -> 0..MaxTick] /\ expect \in [Workers -> 0..(MaxTick + 1)]
     /\ cronJobs \in [1..MaxTick -> 0..2]
+    /\ WaitsTypeOK
 
 Init ==
     /\ jstate    = [j \in Jobs |-> "absent"]
@@ -195,6 +231,7 @@ Init ==
     /\ now = 0 /\ nextTick = 1
     /\ seen = [w \in Workers |-> 0] /\ expect = [w \in Workers |-> 0]
     /\ cronJobs = [t \in 1..MaxTick |-> 0]
+    /\ WaitsInit
 
 -----------------------------------------------------------------------------
 (* Helpers *)
@@ -279,7 +316,8 @@ Moved(j, st) ==
                      IF x # j /\ js1[x] = "blocked" THEN pending[x] - dec(x)
                      ELSE pending[x]]
         js     == [x \in Jobs |->
-                     IF x # j /\ js1[x] = "blocked" /\ pd[x] = 0 THEN "available"
+                     IF x # j /\ js1[x] = "blocked" /\ pd[x] = 0 /\ x \notin Gates
+                     THEN "available"
                      ELSE js1[x]]
         freed  == {x \in Jobs : x # j /\ js1[x] = "blocked" /\ js[x] = "available"}
         cs     == [x \in Jobs |->
@@ -354,7 +392,8 @@ ReblockLevels(st, F, Q) ==
              n(x) == Recount(x, st.js)
          IN ReblockLevels(
               [js |-> [x \in Jobs |-> IF x \notin U THEN st.js[x]
-                                     ELSE IF n(x) > 0 THEN "blocked" ELSE "available"],
+                                     ELSE IF n(x) > 0 \/ x \in Gates THEN "blocked"
+                                     ELSE "available"],
                pd |-> [x \in Jobs |-> IF x \in U THEN n(x) ELSE st.pd[x]],
                cs |-> [x \in Jobs |-> IF x \in U THEN NoJob ELSE st.cs[x]]],
               U \ Q, Q \cup U)
@@ -401,7 +440,8 @@ ENQUEUE(j) ==
     /\ jstate[j] = "absent"
     /\ EnqueueAllowed(j)
     /\ LET n == Cardinality(Unsat(j, jstate)) IN
-         /\ jstate'  = [jstate EXCEPT ![j] = Inserted(j, IF n > 0 THEN "blocked" ELSE "available")]
+         /\ jstate'  = [jstate EXCEPT ![j] = Inserted(j, IF n > 0 \/ j \in Gates THEN "blocked"
+                                                      ELSE "available")]
          /\ pending' = [pending EXCEPT ![j] = n]
     /\ UNCHANGED <<attempt, owner, version, expired, lockedBy, isolated, cancelReq,
                    cause, ledger, business, held, frozen, ghost, left, cron>>
@@ -711,7 +751,8 @@ REQUEUE(j) ==
     /\ ~(j \notin RunAnyway /\ \E d \in Deps[j] : jstate[d] \in Doomed)
     /\ ~KeyTaken(j)     \* unique jobs: refused while another job holds its key
     /\ Spend("requeue")
-    /\ LET js0 == [jstate EXCEPT ![j] = IF Deps[j] # {} THEN "blocked" ELSE "available"]
+    /\ LET js00 == [jstate EXCEPT ![j] = IF Deps[j] # {} THEN "blocked" ELSE "available"]
+           js0 == IF j \in Gates THEN [js00 EXCEPT ![j] = "blocked"] ELSE js00  \* a gate
            st  == REBLOCK_DEPENDENTS(j, [js |-> js0, pd |-> pending,
                                          cs |-> [cause EXCEPT ![j] = NoJob]])
            \* jobs an operator cancelled (no DependencyFailed last) brought back
@@ -957,6 +998,125 @@ Finished ==
     /\ UNCHANGED vars
 
 -----------------------------------------------------------------------------
+(* Gates and checkpoints (issue 27) *)
+
+\* A gate is a job no handler runs.  It is inserted 'blocked' and stays
+\* 'blocked' when its last upstream step is satisfied (UNBLOCK, CANCEL_DEPENDENTS
+\* for policy 'run' and REBLOCK_DEPENDENTS leave it blocked with
+\* pending_dependencies = 0 and set its deadline, gate_deadline); so it is
+\* never 'available', and CLAIM, which takes only available rows, never takes
+\* it.  It waits while it is blocked with pending_dependencies = 0:
+Waiting(g) == g \in Gates /\ jstate[g] = "blocked" /\ pending[g] = 0
+
+\* The guards of the three statements that end the wait, kept apart so that
+\* a mutation can weaken one:
+\*   WHERE id = g AND state = 'blocked' AND pending_dependencies = 0 AND
+\*   gate->>'kind' = <the kind> [AND gate->>'signal' = <name>] [AND gate_deadline <= now()]
+\* (the kind, the name and the deadline are not modelled: any of the three may
+\* end any gate, at any moment, which covers every kind and every clock).
+GuardSIGNAL(g)        == Waiting(g)
+GuardCONDITION_MET(g) == Waiting(g)
+GuardGATE_TIMEOUT(g)  == Waiting(g)
+
+\* The wait ends: the gate becomes st (completed: UNBLOCK releases its
+\* dependents; failed: CANCEL_DEPENDENTS settles them), in the same statement.
+\* Ghost: the outcome is counted, and one that lands while an upstream step
+\* of the gate is unsatisfied raises an alarm.
+GateEnds(g, st, act) ==
+    /\ SetMoved(Moved(g, st),
+                IF Unsat(g, jstate) # {} THEN Raise("gate early", act, g) ELSE {})
+    /\ outcomes' = [outcomes EXCEPT ![g] = IF @ < 2 THEN @ + 1 ELSE 2]
+    /\ UNCHANGED <<attempt, owner, version, expired, lockedBy, isolated, cancelReq,
+                   ledger, business, held, frozen, claims, holder, liveGid, completer,
+                   lostTo, left, cron, ckpt, ckptCount, stepEffect>>
+
+\* send_signal(gate, name, payload), from a view, the API or the admin:
+\*   UPDATE conveyor_job SET state = 'completed', return_value = payload
+\*   (a rejection: state = 'failed', errors = errors || SignalRejected)
+\*   WHERE <GuardSIGNAL>, with UNBLOCK (or CANCEL_DEPENDENTS).
+\* Zero rows: refused with an error that says why (not a gate of that
+\* signal, upstream not done, already signalled, timed out, cancelled);
+\* nothing changes.
+SIGNAL(g) ==
+    /\ g \in Gates
+    /\ signalsLeft > 0
+    /\ signalsLeft' = signalsLeft - 1
+    /\ IF GuardSIGNAL(g)
+       THEN \E st \in {"completed", "failed"} : GateEnds(g, st, "SIGNAL")
+       ELSE UNCHANGED <<row, held, frozen, ghost, left, cron, outcomes, ckpt, ckptCount,
+                        stepEffect>>
+
+\* The gates service found a row that matches a wait_until gate's condition,
+\* under the gate's row lock (FOR UPDATE SKIP LOCKED, bounded batches):
+\*   UPDATE ... SET state = 'completed', return_value = {matched} WHERE <guard>
+\* with UNBLOCK; or the condition could not be evaluated (its field is gone):
+\* state = 'failed' with a ConditionInvalid entry, with CANCEL_DEPENDENTS.
+\* Whether a row matches is the environment's choice.
+CONDITION_MET(g) ==
+    /\ g \in Gates
+    /\ GuardCONDITION_MET(g)
+    /\ \E st \in {"completed", "failed"} : GateEnds(g, st, "CONDITION_MET")
+    /\ UNCHANGED signalsLeft
+
+\* The gates service, on the database's clock:
+\*   WITH due AS (SELECT id ... WHERE state = 'blocked' AND gate_deadline <= now()
+\*                ORDER BY gate_deadline LIMIT n FOR UPDATE SKIP LOCKED)
+\*   UPDATE ... SET state = CASE WHEN sleep OR on_timeout = 'continue' THEN
+\*   'completed' (the timeout marker as return value) ELSE 'failed' END
+\* with UNBLOCK or CANCEL_DEPENDENTS.  A timer (workflows.sleep) is a gate
+\* whose deadline completes it.
+GATE_TIMEOUT(g) ==
+    /\ g \in Gates
+    /\ GuardGATE_TIMEOUT(g)
+    /\ GateEnds(g, IF g \in ContinueOnTimeout THEN "completed" ELSE "failed", "GATE_TIMEOUT")
+    /\ UNCHANGED signalsLeft
+
+\* context.checkpoint(name, fn): the handler reads the ledger (no lock); a
+\* recorded step returns its value and fn does not run.  Otherwise one
+\* guarded transaction: BOUND_TRANSACTION, LOCK_FOR_EFFECT (id, running,
+\* owner, token, no cancel request, FOR UPDATE), fn's own writes, and
+\*   INSERT INTO conveyor_ledger (job, 'checkpoint:<name>', value, token, worker)
+\*   SELECT ... FROM conveyor_job WHERE <the fence> ON CONFLICT DO NOTHING
+\* then one commit; the job stays running.  The transaction holds the row
+\* lock from its first statement to its commit, so no statement about the
+\* job interleaves with it: one step here.  A crash or PostgreSQL's bound
+\* inside it is the step not happening.  The lock refused: LeaseLost, nothing
+\* commits, no outcome is written.  The record refused by the unique key
+\* (job, effect key): the transaction rolls back, fn's writes with it.
+GuardCHECKPOINT(w, a) == Fence(w, a) /\ ~cancelReq[a.job]
+
+CHECKPOINT(w, a) ==
+    /\ Checkpoints
+    /\ ~frozen[w]
+    /\ a \in held[w]
+    /\ a.phase = "run"
+    /\ ckpt[a.job] = 0                   \* the handler's read found no record
+    /\ LET j == a.job IN
+       IF GuardCHECKPOINT(w, a)
+       THEN /\ lockedBy[j] = 0            \* FOR UPDATE waits for another lock holder
+            /\ IF ckpt[j] = 0             \* the ledger's unique (job, effect key)
+               THEN /\ ckpt'       = [ckpt EXCEPT ![j] = a.gid]
+                    /\ ckptCount'  = [ckptCount EXCEPT ![j] = IF @ < 2 THEN @ + 1 ELSE 2]
+                    /\ stepEffect' = [stepEffect EXCEPT ![j] = IF @ < 2 THEN @ + 1 ELSE 2]
+                    /\ alarms'     = alarms \cup
+                         (IF holder[j] # a.gid THEN Raise("stale step", "CHECKPOINT", j)
+                          ELSE {})
+               ELSE UNCHANGED <<ckpt, ckptCount, stepEffect, alarms>>
+            /\ UNCHANGED held
+       ELSE /\ Forget(w, a)
+            /\ UNCHANGED <<ckpt, ckptCount, stepEffect, alarms>>
+    /\ UNCHANGED <<jstate, attempt, owner, version, expired, lockedBy, isolated, cancelReq,
+                   pending, cause, ledger, business, frozen, claims, holder, liveGid,
+                   completer, lostTo, left, cron, outcomes, signalsLeft>>
+
+WaitStep ==
+    \/ \E j \in Jobs : SIGNAL(j) \/ CONDITION_MET(j) \/ GATE_TIMEOUT(j)
+    \/ \E w \in Workers : \E a \in held[w] : CHECKPOINT(w, a)
+
+\* A gate's own transitions: its wait ends completed or failed.
+GateEdges == {<<"blocked", "completed">>, <<"blocked", "failed">>}
+
+-----------------------------------------------------------------------------
 (* The specification *)
 
 \* An attempt's step of progress: its handler starts, locks, writes, ends.
@@ -977,11 +1137,20 @@ JobStep(j) ==
     \/ REQUEST_CANCEL(j)
     \/ FoldDuplicate(j) \/ ENQUEUE_REPLACE(j)     \* unique jobs
 
-Next ==
+CoreNext ==
     \/ \E w \in Workers : WorkerStep(w)
     \/ \E j \in Jobs : JobStep(j)
     \/ Clock \/ CronSync
     \/ Finished
+
+\* The core steps keep the gates' and checkpoints' variables; a REQUEUE that
+\* brings a gate back from failed, dead or cancelled starts its new wait.
+KeepWaits ==
+    /\ outcomes' = [g \in Jobs |-> IF jstate[g] \in Doomed /\ jstate'[g] \notin Doomed
+                                   THEN 0 ELSE outcomes[g]]
+    /\ UNCHANGED <<signalsLeft, ckpt, ckptCount, stepEffect>>
+
+Next == (CoreNext /\ KeepWaits) \/ WaitStep
 
 ClaimSome == \E w \in Workers, j \in Jobs : CLAIM(w, j) \/ CLAIM_ISOLATED(w, j)
 
@@ -1000,8 +1169,9 @@ Fairness ==
          /\ WF_vars(frozen[w] /\ \E a \in held[w] : TxnTimeout(w, a))
          /\ WF_vars(SchedulerRead(w) \/ CRON_ENQUEUE(w))
     /\ WF_vars(Clock)
+    /\ \A j \in Jobs : WF_vars(GATE_TIMEOUT(j))
 
-Spec == Init /\ [][Next]_vars /\ Fairness
+Spec == Init /\ [][Next]_allVars /\ Fairness
 
 -----------------------------------------------------------------------------
 (* Properties *)
@@ -1078,7 +1248,8 @@ DependentsWait ==
 \* makes its last dependency final: a COMPLETE that lands for the attempt
 \* holding that dependency's lease (ghost holder: UNBLOCK behind a
 \* current-token COMPLETE), or, for policy 'run', a write that makes the
-\* dependency failed, dead or cancelled (CANCEL_DEPENDENTS).
+\* dependency failed, dead or cancelled (CANCEL_DEPENDENTS); or, for a gate,
+\* the statement that ends its wait.
 UnblockFenced ==
     [][\A x \in Jobs :
          (jstate[x] = "blocked" /\ jstate'[x] = "available") =>
@@ -1086,7 +1257,9 @@ UnblockFenced ==
               \/ /\ jstate[d] = "running" /\ jstate'[d] = "completed"
                  /\ holder[d] # 0 /\ completer'[d] = holder[d]
               \/ /\ x \in RunAnyway
-                 /\ jstate[d] \notin Final /\ jstate'[d] \in Doomed]_vars
+                 /\ jstate[d] \notin Final /\ jstate'[d] \in Doomed
+              \/ /\ d \in Gates     \* a gate's wait ends (SIGNAL, CONDITION_MET, GATE_TIMEOUT)
+                 /\ jstate[d] = "blocked" /\ jstate'[d] = "completed"]_vars
 
 \* A blocked job's pending_dependencies is the number of its dependencies
 \* that are not yet satisfied.
@@ -1142,7 +1315,8 @@ Edges ==
     \cup CallEdges   \* unique jobs: a keyed call that inserted no row
 
 LegalTransitions ==
-    [][\A j \in Jobs : jstate'[j] # jstate[j] => <<jstate[j], jstate'[j]>> \in Edges]_vars
+    [][\A j \in Jobs : jstate'[j] # jstate[j] =>
+         <<jstate[j], jstate'[j]>> \in Edges \cup (IF j \in Gates THEN GateEdges ELSE {})]_vars
 
 \* Unique jobs.  At most one job per unique key is in the key's blocking
 \* states (written out, not through Indexed: a mutation of the index must not
@@ -1170,6 +1344,30 @@ AllEventuallyFinal ==
 EveryTickEnqueued ==
     MissedAll => \A t \in 1..MaxTick : <>(cronJobs[t] >= 1)
 
+\* Gates.  No gate is ever available or running: CLAIM never takes one, and
+\* no worker holds one.
+GateNeverClaimed ==
+    \A g \in Gates :
+        /\ jstate[g] \notin {"available", "running"}
+        /\ \A w \in Workers : \A a \in held[w] : a.job # g
+
+\* A gate's wait ends at most once (one of signal, rejection, condition,
+\* timeout); a second signal, or a signal after the timeout, is refused.
+GateOnce == \A g \in Gates : outcomes[g] <= 1
+
+\* A gate's wait ends only after its own upstream steps are satisfied (a
+\* signal that comes earlier is refused).  Its dependents run only after it
+\* ends: DependentsWait, since a gate is one of their dependencies.
+GateAfterUpstream == ~Alarmed("gate early")
+
+\* Checkpoints.  A step is recorded at most once per job, only by the
+\* attempt that holds the lease, and its own writes commit exactly when its
+\* record does.
+CheckpointOnce ==
+    /\ ~Alarmed("stale step")
+    /\ \A j \in Jobs : ckptCount[j] <= 1 /\ stepEffect[j] = ckptCount[j]
+
+THEOREM Spec => [](GateNeverClaimed /\ GateOnce /\ GateAfterUpstream /\ CheckpointOnce)
 THEOREM Spec => [](TypeOK /\ LeaseExclusive /\ FencedWrites /\ EffectOnce /\ LockHeld
                    /\ CrashContained /\ DependentsWait /\ CounterExact
                    /\ NoDoomedBlocked /\ CascadeCause /\ OperatorCancelStands

@@ -13,6 +13,9 @@ NoDeps == [j \in Jobs |-> {}]
 FanInChain == [j \in Jobs |-> IF j = j3 THEN {j1, j2}
                               ELSE IF j = j4 THEN {j2, j3} ELSE {}]
 
+\* Gates (issue 27): a chain j1 -> j2 -> j3 in which j2 is a gate.
+GateChain == [j \in Jobs |-> IF j = j2 THEN {j1} ELSE IF j = j3 THEN {j2} ELSE {}]
+
 \* Unique jobs (issue 23): off everywhere but in Unique.cfg.
 NoUnique == [key |-> [j \in Jobs |-> NoKey], states |-> {}, replace |-> {}]
 

@@ -27,10 +27,11 @@ from tests.pgbouncer.bouncer import (
     session_state_errors,
 )
 
-from . import pg, poison, verify
-from .injectors import Injector, Kill9, PgRestart, SigStop, SigStopInAtomic
+from . import gates, hosts, latency, pg, poison, verify
+from .hosts import Host, Network
+from .injectors import Injector, Kill9, Partition, PgRestart, SigStop, SigStopInAtomic
 from .proxy import FaultProxy
-from .workers import WorkerPool
+from .workers import WorkerHost, WorkerPool
 
 logger = logging.getLogger("faults")
 
@@ -40,7 +41,15 @@ SCENARIOS = ("kill9", "sigstop", "pg-restart", "network")
 ATOMIC = "sigstop-atomic"
 ATOMIC_INSIDE_SECONDS = (0.3, 1.2)  # Its default --inside: long enough to be caught there.
 POISON = "poison"  # Its faults are the jobs themselves (poison.py), not an injector.
+GATES = "gates"  # Workflows that wait for signals (gates.py), under kill -9 and restarts.
+# Workers on --hosts hosts: a partition of one host, and the latency measurement.
+PARTITION = "partition"
+LATENCY = "latency"
+HOSTS_DEFAULT = 3
+HOST_LATENCY_MS = (2.0,)  # Added round trip between each worker host and the database host.
+LATENCY_SCENARIO_MS = (0.0, 2.0, 10.0)
 POOLER_MODES = ("poll-only", "listener-dsn")
+WORK_SECONDS = (0.1, 1.0)  # Default --work.
 LATENCY_SECONDS = 0.030
 DROP_RATE = 0.05
 FAULT_WINDOW = 0.7  # Faults stop at this fraction of the deadline, to let the rest settle.
@@ -73,23 +82,38 @@ class Params:
     keep: Path | None
     pgbouncer: str | None  # Workers behind PgBouncer: "poll-only" or "listener-dsn".
     workflows: int = 0  # Five-step workflows instead of single jobs (jobs = 5 x workflows).
+    hosts: int = 0  # Worker hosts (network namespaces); 0 runs everything on this host.
+    host_latency_ms: tuple[float, ...] = HOST_LATENCY_MS
 
     @property
     def faults(self) -> tuple[str, ...]:
-        if self.scenario == POISON:
+        if self.scenario in (POISON, LATENCY):
             return ()
+        if self.scenario == GATES:
+            return ("kill9", "pg-restart")
         return SCENARIOS if self.scenario == "all" else (self.scenario,)
 
 
 def parse_args(argv: list[str] | None) -> Params:
     parser = argparse.ArgumentParser(description="Run a fault-injection scenario.")
-    parser.add_argument("--scenario", required=True, choices=[*SCENARIOS, ATOMIC, "all", POISON])
+    parser.add_argument(
+        "--scenario",
+        required=True,
+        choices=[*SCENARIOS, ATOMIC, "all", POISON, PARTITION, LATENCY, GATES],
+    )
     parser.add_argument("--jobs", type=int, default=60)
     parser.add_argument("--out", type=Path, required=True, help="Folder for fault-NAME.json.")
     parser.add_argument("--workers", type=int, default=3, help="Worker processes (default 3).")
     parser.add_argument("--concurrency", type=int, default=2, help="Slots per worker (default 2).")
     parser.add_argument("--seed", type=int, default=None, help="Seed for jobs and faults.")
-    parser.add_argument("--work", type=float, nargs=2, default=(0.1, 1.0), metavar=("MIN", "MAX"))
+    parser.add_argument(
+        "--work",
+        type=float,
+        nargs=2,
+        default=None,
+        metavar=("MIN", "MAX"),
+        help=f"Default {WORK_SECONDS[0]:g} {WORK_SECONDS[1]:g} ({LATENCY}: 0 0).",
+    )
     parser.add_argument(
         "--inside", type=float, nargs=2, default=None, metavar=("MIN", "MAX"),
         help=f"Default 0 0.05 ({ATOMIC}: {ATOMIC_INSIDE_SECONDS[0]} {ATOMIC_INSIDE_SECONDS[1]}).",
@@ -110,8 +134,50 @@ def parse_args(argv: list[str] | None) -> Params:
         metavar="N",
         help="Enqueue N five-step workflows (5 N jobs) instead of --jobs single jobs.",
     )
+    parser.add_argument(
+        "--hosts",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"Run the workers on N hosts (network namespaces; root only) that reach the "
+        f"database host over a link with added latency (default 0; {HOSTS_DEFAULT} for "
+        f"{PARTITION} and {LATENCY}).",
+    )
+    parser.add_argument(
+        "--host-latency-ms",
+        type=float,
+        nargs="+",
+        default=None,
+        metavar="MS",
+        help=f"Added round trip to the database host (default {HOST_LATENCY_MS[0]:g}; "
+        f"{LATENCY}: each of {' '.join(f'{x:g}' for x in LATENCY_SCENARIO_MS)} in turn).",
+    )
     args = parser.parse_args(argv)
-    if args.workflows:
+    if args.hosts is None:
+        args.hosts = HOSTS_DEFAULT if args.scenario in (PARTITION, LATENCY) else 0
+    if args.host_latency_ms is None:
+        args.host_latency_ms = LATENCY_SCENARIO_MS if args.scenario == LATENCY else HOST_LATENCY_MS
+    if args.scenario in (PARTITION, LATENCY) and args.hosts < 2:
+        parser.error(f"--scenario {args.scenario} needs --hosts 2 or more.")
+    if any(not 0 <= ms <= 1000 for ms in args.host_latency_ms) or args.hosts < 0:
+        parser.error("--host-latency-ms takes 0 to 1000 ms, --hosts 0 or more.")
+    if args.scenario != LATENCY and len(args.host_latency_ms) > 1:
+        parser.error(f"Several --host-latency-ms values are for --scenario {LATENCY} only.")
+    if args.scenario == LATENCY and (args.workflows or args.pgbouncer):
+        parser.error(f"--scenario {LATENCY} takes neither --workflows nor --pgbouncer.")
+    if args.hosts and args.pgbouncer:
+        parser.error("--hosts and --pgbouncer do not go together.")
+    if args.hosts:
+        try:
+            hosts.require()
+        except hosts.HostsUnavailable as exc:
+            parser.error(str(exc))
+    if args.work is None:  # The latency scenario measures the queue, not the handler's sleep.
+        args.work = (0.0, 0.0) if args.scenario == LATENCY else WORK_SECONDS
+    if args.scenario == GATES:  # Three jobs per workflow: a, its gate, b.
+        args.workflows = args.workflows or max(1, args.jobs // len(gates.SHAPE))
+        args.jobs = len(gates.SHAPE) * args.workflows
+    elif args.workflows:
         args.jobs = WORKFLOW_STEPS * args.workflows
     if args.jobs < 1 or args.workers < 2 or args.concurrency < 1:
         parser.error("--jobs and --concurrency must be 1 or more, --workers 2 or more.")
@@ -133,6 +199,8 @@ def parse_args(argv: list[str] | None) -> Params:
         keep=args.keep,
         pgbouncer=args.pgbouncer,
         workflows=args.workflows,
+        hosts=args.hosts,
+        host_latency_ms=tuple(args.host_latency_ms),
     )
 
 
@@ -153,7 +221,8 @@ def main(argv: list[str] | None = None) -> int:
                 shutil.copy(log, params.keep / log.name)
         shutil.rmtree(work, ignore_errors=True)
     params.out.mkdir(parents=True, exist_ok=True)
-    name = f"{params.scenario}-workflows" if params.workflows else params.scenario
+    workflows = params.workflows and params.scenario != GATES
+    name = f"{params.scenario}-workflows" if workflows else params.scenario
     path = params.out / f"fault-{name}.json"
     path.write_text(json.dumps(result, indent=2, sort_keys=False) + "\n")
     summary = {
@@ -194,6 +263,12 @@ class Run:
         self.respawned = 0
         self.progress: list[tuple[float, int]] = []  # (seconds, jobs final)
         self.poisoned: dict[int, str] = {}  # Job id -> poison kind (scenario poison).
+        self.network: Network | None = None  # --hosts: the database host and worker hosts.
+        self.db_host: Host | None = None
+        self.worker_hosts: list[Host] = []
+        self.relays: list[FaultProxy] = []  # One per worker host, on the database host.
+        self.netem_error: str | None = None
+        self.latency_figures: list[dict[str, Any]] = []
 
     def execute(self) -> dict[str, Any]:
         p = self.params
@@ -206,16 +281,19 @@ class Run:
             p.seed,
             p.timeout,
         )
+        if p.hosts:
+            self.open_network()  # First: the server runs on the database host.
         self.pg_started = True  # Set first: a start that fails halfway is stopped too.
         pg.start(self.data_dir, self.pg_port)
         self.migrate()
-        self.enqueue()
+        if p.scenario != LATENCY:
+            self.enqueue()
         worker_port = self.pg_port
         if p.pgbouncer:
             upstream = Upstream("127.0.0.1", self.pg_port, embedded.SUPERUSER, None)
             self.bouncer = PgBouncer(self.work / "pgbouncer", upstream).start()
             worker_port = self.bouncer.port
-        if "network" in p.faults:
+        if "network" in p.faults and not p.hosts:  # With hosts, their relays drop too.
             upstream_port, worker_port = worker_port, pg.free_port()
             self.proxy = FaultProxy(
                 listen_port=worker_port,
@@ -236,13 +314,31 @@ class Run:
             concurrency=p.concurrency,
             db_port=worker_port,
             log_dir=self.log_dir,
+            hosts=self.start_relays(worker_port) if p.hosts else (),
             **setup,
         )
         started = time.monotonic()
         self.pool.start_all()
-        self.start_injectors()
-        settled_at = self.wait_for_final(started)
+        total = p.jobs
+        signaller = None
+        if p.scenario == LATENCY:
+            self.latency_figures, total = latency.measure(
+                port=self.pg_port,
+                latencies_ms=p.host_latency_ms,
+                set_latency=self.set_latency,
+                enqueue=self.enqueue,
+            )
+            settled_at: float | None = time.monotonic() - started
+        else:
+            self.start_injectors()
+            if p.scenario == GATES:
+                signaller = gates.Signaller(self.pg_port, threading.Event())
+                signaller.start()
+            settled_at = self.wait_for_final(started)
         self.stop_injectors()
+        if signaller is not None:
+            signaller.stop.set()
+            signaller.join(30)
         if "sigstop" in p.faults or ATOMIC in p.faults:
             # A zombie thawed just now still has handlers asleep: let them wake
             # and report (and be refused) before SIGTERM ends the process.
@@ -255,15 +351,21 @@ class Run:
         duration = time.monotonic() - started
         pg.start(self.data_dir, self.pg_port)  # Up again, whatever the injector left.
         facts = verify.read_logs(sorted(self.log_dir.glob("*.log")))
-        ordinary = p.jobs - len(self.poisoned)
+        ordinary = total - len(self.poisoned)
         with pg.connect(self.pg_port) as conn:
             figures = verify.check(conn, ordinary, facts)
             if p.scenario == POISON:
                 poisoned, poison_failures = poison.check(conn, self.poisoned)
-        if p.workflows:
+        if p.workflows and p.scenario != GATES:
             with pg.connect(self.pg_port) as conn:
                 figures["workflows"] = verify.check_workflows(conn, p.workflows)
-        failed = verify.failures(figures, require_stale=p.scenario in ("sigstop", ATOMIC))
+        failed = verify.failures(
+            figures, require_stale=p.scenario in ("sigstop", ATOMIC, PARTITION)
+        )
+        if signaller is not None:
+            with pg.connect(self.pg_port) as conn:
+                figures["gates"] = gates.check(conn, p.workflows, signaller)
+            failed += gates.failures(figures["gates"])
         if ATOMIC in p.faults:
             with pg.connect(self.pg_port) as conn:
                 figures["frozen_inside_atomic"] = verify.frozen_inside_atomic(
@@ -321,9 +423,14 @@ class Run:
         call_command("migrate", verbosity=0)
         connections.close_all()
 
-    def enqueue(self) -> None:
+    def enqueue(self, count: int = 0) -> list[int]:
+        """Enqueue `count` jobs (0: the run's --jobs, poisoned ones included); their ids."""
+        if self.params.scenario == GATES:
+            self.enqueue_gates()
+            return []
         if self.params.workflows:
-            return self.enqueue_workflows()
+            self.enqueue_workflows()
+            return []
         from django_conveyor import protocol
 
         from .settings import CONVEYOR, QUEUE
@@ -344,9 +451,9 @@ class Run:
                 priority=0,
                 max_attempts=attempts,
             )
-            for _ in range(p.jobs)
+            for _ in range(count or p.jobs)
         ]
-        chosen = poison.choose(self.rng, p.jobs) if p.scenario == POISON else {}
+        chosen = poison.choose(self.rng, p.jobs) if p.scenario == POISON and not count else {}
         for position, name in chosen.items():
             kind = poison.KINDS[name]
             jobs[position] = protocol.NewJob(
@@ -356,6 +463,61 @@ class Run:
         with pg.connect(self.pg_port) as conn, conn.transaction(), conn.cursor() as cur:
             rows = protocol.enqueue(cur, jobs, notify=True)
         self.poisoned = {rows[position].id: name for position, name in chosen.items()}
+        return [row.id for row in rows]
+
+    def open_network(self) -> None:
+        """The database host and the worker hosts; this process moves onto the database host."""
+        self.network = Network()
+        self.db_host = self.network.add("db")
+        self.worker_hosts = [self.network.add(f"h{i + 1}") for i in range(self.params.hosts)]
+        self.netem_error = self.network.netem_error(self.worker_hosts[0])
+        self.network.enter(self.db_host)
+
+    def start_relays(self, upstream_port: int) -> list[WorkerHost]:
+        """One relay per worker host, on the database host's address: the added latency."""
+        assert self.db_host is not None
+        p = self.params
+        network = "network" in p.faults
+        placed = []
+        for host in self.worker_hosts:
+            port = pg.free_port()
+            relay = FaultProxy(
+                listen_host=self.db_host.address,
+                listen_port=port,
+                upstream_port=upstream_port,
+                latency=latency.relay_latency(p.host_latency_ms[0])
+                + (LATENCY_SECONDS if network else 0.0),
+                drop_rate=DROP_RATE if network else 0.0,
+                seed=self.rng.randrange(2**31),
+            )
+            relay.start()
+            self.relays.append(relay)
+            env = {
+                "CONVEYOR_FAULTS_PG_HOST": self.db_host.address,
+                "CONVEYOR_FAULTS_PG_PORT": str(port),
+            }
+            placed.append(WorkerHost(host.name, tuple(host.command()), env))
+        return placed
+
+    def set_latency(self, rtt_ms: float) -> None:
+        for relay in self.relays:
+            relay.latency = latency.relay_latency(rtt_ms)
+
+    def cut(self, name: str) -> None:
+        assert self.network is not None
+        self.network.cut(self.network.hosts[name])
+
+    def heal(self, name: str) -> None:
+        assert self.network is not None
+        self.network.heal(self.network.hosts[name])
+
+    def enqueue_gates(self) -> None:
+        from .settings import CONVEYOR, QUEUE
+
+        p = self.params
+        with pg.connect(self.pg_port) as conn, conn.transaction(), conn.cursor() as cur:
+            gates.enqueue(cur, rng=self.rng, workflows=p.workflows, work=p.work_seconds,
+                          queue=QUEUE, attempts=int(CONVEYOR["MAX_ATTEMPTS"]))  # fmt: skip
 
     def enqueue_workflows(self) -> None:
         """Every workflow in one transaction, one ENQUEUE per step name (in dependency order)."""
@@ -414,6 +576,17 @@ class Run:
                     rng=rng(), prefix=IN_ATOMIC, max_freezes=freezes, **common, **worker
                 )
             )
+        if PARTITION in self.params.faults:
+            self.injectors.append(
+                Partition(
+                    rng=rng(),
+                    lease_seconds=LEASE_SECONDS,
+                    cut=self.cut,
+                    heal=self.heal,
+                    **common,
+                    **worker,
+                )
+            )
         if "pg-restart" in self.params.faults:
             self.injectors.append(
                 PgRestart(rng=rng(), data_dir=self.data_dir, port=self.pg_port, **common)
@@ -453,8 +626,12 @@ class Run:
             self.proxy.stop()
         if self.bouncer is not None:
             self.bouncer.stop()
+        for relay in self.relays:
+            relay.stop()
         if self.pg_started:
             pg.stop(self.data_dir)
+        if self.network is not None:
+            self.network.tear_down()
 
     def report(
         self, figures: dict[str, Any], failed: list[str], duration: float, settled: float | None
@@ -470,20 +647,13 @@ class Run:
                 failed.append(f"The {injector.name} injector failed: {injector.error!r}")
         if self.proxy is not None:
             faults.update({f"proxy_{k}": v for k, v in self.proxy.counts.items()})
+        for relay in self.relays:
+            for k, v in relay.counts.items():
+                faults[f"relay_{k}"] = faults.get(f"relay_{k}", 0) + v
         assert self.pool is not None
         faults["worker_incarnations"] = len(self.pool.history)
         faults["workers_respawned_after_exit"] = self.respawned
-        head = {
-            k: figures.pop(k)
-            for k in (
-                "jobs",
-                "completed",
-                "lost",
-                "duplicate_effects",
-                "stale_outcomes_rejected",
-                "fencing_violations",
-            )
-        }
+        head = verify.headline(figures)
         return {
             "scenario": p.scenario,
             **head,
@@ -507,15 +677,41 @@ class Run:
                 "network_drop_rate": DROP_RATE if "network" in p.faults else None,
                 "pgbouncer": p.pgbouncer,
                 "workflows": p.workflows or None,
-                "workflow_shape": WORKFLOW_SHAPE if p.workflows else None,
+                "workflow_shape": (
+                    {"a": [], "g": ["a"], "b": ["g"]}
+                    if p.scenario == GATES
+                    else WORKFLOW_SHAPE
+                    if p.workflows
+                    else None
+                ),
+                "hosts": self.hosts_parameters(),
             },
             "faults_injected": faults,
             "final_jobs_over_time": self.progress[:: max(1, len(self.progress) // 20)],
+            **({"per_latency": self.latency_figures} if p.scenario == LATENCY else {}),
             **figures,
             "environment": {
                 "python": platform.python_version(),
                 "postgresql": pg.server_version(self.data_dir),
                 "cpus": os.cpu_count(),
                 "finished_at": datetime.now(UTC).isoformat(timespec="seconds"),
+                "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
             },
+        }
+
+    def hosts_parameters(self) -> dict[str, Any] | None:
+        p = self.params
+        if not p.hosts:
+            return None
+        netem = "available" if self.netem_error is None else f"unavailable ({self.netem_error})"
+        return {
+            "worker_hosts": p.hosts,
+            "workers_per_host": [
+                sum(1 for s in range(p.workers) if s % p.hosts == i) for i in range(p.hosts)
+            ],
+            "added_round_trip_ms": list(p.host_latency_ms),
+            "latency_added_by": "a userspace TCP relay on the database host, half the round "
+            "trip held back in each direction (tests/faults/proxy.py)",
+            "tc_netem": netem,
+            "network": "network namespaces on one machine, one virtual switch",
         }

@@ -11,6 +11,7 @@ import random
 import signal
 import threading
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 from . import pg
@@ -123,6 +124,48 @@ class SigStop(WorkerInjector):
 
     def recover(self) -> None:
         self.thaw()
+
+
+class Partition(WorkerInjector):
+    """Cut a busy worker's host off the network past its lease, then heal it.
+
+    Its connections hang (packets are dropped, nothing is refused), other
+    hosts reap and rerun its jobs, and when the link comes back its late
+    outcomes meet the fence. `cut` and `heal` take the worker's host name.
+    """
+
+    name_prefix = "partition"
+
+    def __init__(
+        self,
+        *,
+        lease_seconds: float,
+        cut: Callable[[str], None],
+        heal: Callable[[str], None],
+        **kw: object,
+    ) -> None:
+        super().__init__(**kw)  # type: ignore[arg-type]
+        self.lease_seconds = lease_seconds
+        self.cut, self.heal = cut, heal
+        self.isolated: str | None = None
+
+    def strike(self) -> None:
+        self.pause(0.5, 2.0)
+        inc, busy = self.victim()
+        if inc is None or not busy or inc.host is None or self.stopping.is_set():
+            return
+        self.cut(inc.host)
+        self.isolated = inc.host
+        self.counts["partitions"] += 1
+        cut_for = self.lease_seconds * self.rng.uniform(1.6, 2.6)
+        self.counts["partitioned_ms"] += int(cut_for * 1000)
+        self.stopping.wait(cut_for)
+        self.recover()
+
+    def recover(self) -> None:
+        if self.isolated is not None:
+            self.heal(self.isolated)
+            self.isolated = None
 
 
 # Sessions inside a guarded transaction (tests/faults/tasks.py names them).

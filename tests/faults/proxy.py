@@ -26,8 +26,10 @@ REROLL_SECONDS = 1.0
 
 class FaultProxy:
     def __init__(
-        self, *, listen_port: int, upstream_port: int, latency: float, drop_rate: float, seed: int
-    ) -> None:
+        self, *, listen_port: int, upstream_port: int, latency: float, drop_rate: float, seed: int,
+        listen_host: str = "127.0.0.1",
+    ) -> None:  # fmt: skip
+        self.listen_host = listen_host
         self.listen_port = listen_port
         self.upstream_port = upstream_port
         self.latency = latency
@@ -52,7 +54,7 @@ class FaultProxy:
     def _run(self) -> None:
         asyncio.set_event_loop(self.loop)
         self.server = self.loop.run_until_complete(
-            asyncio.start_server(self._serve, "127.0.0.1", self.listen_port)
+            asyncio.start_server(self._serve, self.listen_host, self.listen_port)
         )
         self.ready.set()
         try:
@@ -96,6 +98,8 @@ class FaultProxy:
 
     async def _doom(self) -> None:
         """Return when this connection is to be dropped; never, for most."""
+        if self.drop_rate <= 0:  # A pure latency relay: nothing to draw.
+            await asyncio.Event().wait()
         while True:
             if self.random.random() < self.drop_rate:
                 await asyncio.sleep(self.random.uniform(0, DROP_WINDOW_SECONDS))

@@ -4,6 +4,12 @@ The harness starts its own PostgreSQL and passes its address in the
 environment: `CONVEYOR_FAULTS_PG_PORT` is where workers connect (the fault
 proxy's port in the `network` scenario, the server's port otherwise).
 Leases are short so that every injected fault resolves within seconds.
+
+The failover experiment (tests/ha/) points them at every node of a cluster
+instead: `CONVEYOR_FAULTS_PG_HOST` and `_PORT` list the nodes (libpq's
+multi-host form), `CONVEYOR_FAULTS_PG_NAME` names the database, and
+`CONVEYOR_FAULTS_FOLLOW_PRIMARY` adds the settings docs/worker.md gives for
+following a primary (read-write sessions only, keepalives, a TCP timeout).
 """
 
 import os
@@ -17,15 +23,27 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 DATABASES = {
     "default": {
         "ENGINE": "django.db.backends.postgresql",
-        "NAME": "postgres",
+        "NAME": os.environ.get("CONVEYOR_FAULTS_PG_NAME", "postgres"),
         "USER": "postgres",
-        "HOST": "127.0.0.1",
+        "HOST": os.environ.get("CONVEYOR_FAULTS_PG_HOST", "127.0.0.1"),
         "PORT": os.environ.get("CONVEYOR_FAULTS_PG_PORT", "5432"),
         "CONN_MAX_AGE": 0,
         # A dead server or a dropped proxy connection must fail fast, not hang.
         "OPTIONS": {"connect_timeout": 3, "application_name": "conveyor-faults"},
     }
 }
+if os.environ.get("CONVEYOR_FAULTS_FOLLOW_PRIMARY"):
+    DATABASES["default"]["OPTIONS"].update(
+        {
+            "target_session_attrs": "read-write",  # Skip standbys and demoted primaries.
+            # A cut-off server answers nothing: notice within seconds, not minutes.
+            "keepalives_idle": 2,
+            "keepalives_interval": 1,
+            "keepalives_count": 3,
+            "tcp_user_timeout": 5000,  # Milliseconds.
+        }
+    )
+    DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 # Behind PgBouncer in transaction mode (run.py --pgbouncer): the tested
 # configuration of docs/worker.md; the listener's direct DSN, if any, below.
 if os.environ.get("CONVEYOR_FAULTS_POOLER"):
@@ -61,5 +79,16 @@ CONVEYOR = {
     # attempts in flight); the pass criterion is that every job completes.
     "MAX_ATTEMPTS": 100,
 }
+# The failover run: a tick every second, each an ordinary job of the fault
+# handler (an effect, a ledger entry), so the scheduler is checked too.
+if os.environ.get("CONVEYOR_FAULTS_CRON"):
+    CONVEYOR["CRON"] = {
+        "ha-tick": {
+            "schedule": "* * * * * *",
+            "task": "tests.faults.tasks.apply_effect",
+            "args": [0, 0],
+            "queue": QUEUE,
+        }
+    }
 if os.environ.get("CONVEYOR_FAULTS_LISTENER_DSN"):
     CONVEYOR["LISTENER_DSN"] = os.environ["CONVEYOR_FAULTS_LISTENER_DSN"]

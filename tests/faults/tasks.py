@@ -56,3 +56,27 @@ def workflow_step(
     if early:
         raise Discard(f"step {step} of workflow {workflow} ran before {early} completed")
     return apply_effect.func(context, work_seconds, inside_seconds)
+
+
+GATED_STEP_PATH = "tests.faults.tasks.checkpointed_step"
+
+
+def _step_effect(job_id: int, label: str) -> str:
+    Effect.objects.create(job_id=job_id, token=0, worker="", label=label)
+    return label
+
+
+@task(takes_context=True, queue_name=QUEUE)
+def checkpointed_step(
+    context: JobContext, first_seconds: float, second_seconds: float, workflow: int
+) -> int:
+    """Two checkpointed steps with a window for faults after each, then the usual effect.
+
+    Killed between the steps, a later attempt resumes after the last recorded
+    one: each step's row (`step-one`, `step-two`) must be written once.
+    """
+    context.checkpoint("one", _step_effect, context.job_id, "step-one")
+    time.sleep(first_seconds)
+    context.checkpoint("two", _step_effect, context.job_id, "step-two")
+    time.sleep(second_seconds)
+    return apply_effect.func(context, 0.0, 0.0)

@@ -27,29 +27,34 @@ SELECT coalesce(sum(attempt), 0), coalesce(max(attempt), 0),
 FROM conveyor_job
 """
 
-# Rows beyond the first, per job: in the ledger and in the business table.
+# Rows beyond the first, per job: in the ledger and in the business table (the
+# handler's effect; the gates scenario's checkpointed steps are checked by gates.py).
 DUPLICATES = """
 SELECT
   (SELECT coalesce(sum(n - 1), 0) FROM
-     (SELECT count(*) AS n FROM conveyor_ledger GROUP BY job_id) AS l),
+     (SELECT count(*) AS n FROM conveyor_ledger WHERE effect_key = 'fault-effect'
+      GROUP BY job_id) AS l),
   (SELECT coalesce(sum(n - 1), 0) FROM
-     (SELECT count(*) AS n FROM testapp_effect GROUP BY job_id) AS e)
+     (SELECT count(*) AS n FROM testapp_effect WHERE label = 'fault-effect'
+      GROUP BY job_id) AS e)
 """
 
 # Completed jobs that lack their effect (a completion without its commit).
 MISSING = """
 SELECT count(*) FROM conveyor_job AS j
-WHERE j.state = 'completed'
-  AND (NOT EXISTS (SELECT 1 FROM conveyor_ledger AS l WHERE l.job_id = j.id)
-       OR NOT EXISTS (SELECT 1 FROM testapp_effect AS e WHERE e.job_id = j.id))
+WHERE j.state = 'completed' AND j.gate IS NULL
+  AND (NOT EXISTS (SELECT 1 FROM conveyor_ledger AS l
+                   WHERE l.job_id = j.id AND l.effect_key = 'fault-effect')
+       OR NOT EXISTS (SELECT 1 FROM testapp_effect AS e
+                      WHERE e.job_id = j.id AND e.label = 'fault-effect'))
 """
 
 # Jobs with an effect written under a token that was not the one that
 # completed the job: a different version or owner, or a job not completed.
 FENCING = """
 SELECT count(DISTINCT j.id) FROM conveyor_job AS j
-LEFT JOIN conveyor_ledger AS l ON l.job_id = j.id
-LEFT JOIN testapp_effect AS e ON e.job_id = j.id
+LEFT JOIN conveyor_ledger AS l ON l.job_id = j.id AND l.effect_key = 'fault-effect'
+LEFT JOIN testapp_effect AS e ON e.job_id = j.id AND e.label = 'fault-effect'
 WHERE (l.id IS NOT NULL OR e.id IS NOT NULL)
   AND (j.state <> 'completed'
        OR (l.id IS NOT NULL AND (l.lease_version <> j.lease_version OR l.worker <> j.lease_owner))
@@ -148,6 +153,21 @@ def check(conn: psycopg.Connection, jobs: int, facts: LogFacts) -> dict[str, Any
         "worker_stats_of_clean_exits": dict(sorted(facts.stats.items())),
     }
     return figures
+
+
+HEADLINE = (
+    "jobs",
+    "completed",
+    "lost",
+    "duplicate_effects",
+    "stale_outcomes_rejected",
+    "fencing_violations",
+)
+
+
+def headline(figures: dict[str, Any]) -> dict[str, Any]:
+    """Take the counts every run's JSON opens with out of figures, in their order."""
+    return {k: figures.pop(k) for k in HEADLINE}
 
 
 def check_workflows(conn: psycopg.Connection, workflows: int) -> dict[str, Any]:

@@ -13,7 +13,8 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -29,6 +30,16 @@ class Incarnation:
     log: Path
     proc: subprocess.Popen[bytes]
     frozen: bool = False
+    host: str | None = None  # The host it runs on (--hosts), else None.
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerHost:
+    """Where a slot's worker runs (--hosts): a command prefix and the database's address there."""
+
+    name: str
+    prefix: tuple[str, ...]  # e.g. ("ip", "netns", "exec", NAMESPACE)
+    env: dict[str, str] = field(default_factory=dict)
 
 
 class WorkerPool:
@@ -42,7 +53,9 @@ class WorkerPool:
         extra_args: tuple[str, ...] = (),
         extra_env: dict[str, str] | None = None,
         queue: str = "faults",  # The one queue served (tests/faults/settings.py: QUEUE).
+        hosts: Sequence[WorkerHost] = (),  # Slot i runs on hosts[i % len(hosts)].
     ) -> None:
+        self.hosts = tuple(hosts)
         self.queue = queue
         self.count = count
         self.concurrency = concurrency
@@ -72,9 +85,12 @@ class WorkerPool:
             number = sum(1 for inc in self.history if inc.slot == slot)
             worker_id = f"w{slot}.{number}"
             log = self.log_dir / f"worker-{worker_id}.log"
+            host = self.hosts[slot % len(self.hosts)] if self.hosts else None
+            env = self.env() if host is None else {**self.env(), **host.env}
             with open(log, "wb") as out:
                 proc = subprocess.Popen(
                     [
+                        *(host.prefix if host else ()),
                         sys.executable,
                         "-m",
                         "django",
@@ -90,13 +106,13 @@ class WorkerPool:
                         *self.extra_args,
                     ],
                     cwd=REPO,
-                    env=self.env(),
+                    env=env,
                     stdin=subprocess.DEVNULL,
                     stdout=out,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
                 )
-            inc = Incarnation(slot, number, worker_id, log, proc)
+            inc = Incarnation(slot, number, worker_id, log, proc, host=host and host.name)
             self.current[slot] = inc
             self.history.append(inc)
             return inc

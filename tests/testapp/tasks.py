@@ -374,3 +374,57 @@ def debounced(account_id, note=""):
 @task(unique=Unique(period=1, states=["blocked", "available", "running", "completed"]))
 def once_a_second(label):
     return label
+
+
+def _write_step(label, job_id):
+    """A checkpointed step's business write: counted to prove it commits once."""
+    Effect.objects.create(job_id=job_id, token=0, worker="", label=label)
+    return label
+
+
+@task(takes_context=True, max_attempts=5, backoff_base=0.01, backoff_cap=0.02)
+def three_steps(context, fail_after):
+    """Three checkpointed steps; raises after step `fail_after` on the first attempts."""
+    done = []
+    for step in ("one", "two", "three"):
+        done.append(context.checkpoint(step, _write_step, step, context.job_id))
+        if context.attempt <= fail_after and step == ("one", "two", "three")[fail_after - 1]:
+            raise RuntimeError(f"failing after step {step} on attempt {context.attempt}")
+    return done
+
+
+@task(takes_context=True)
+def reads_dependencies(context):
+    """Returns the return values of its dependencies, in id order."""
+    return [r.return_value for r in context.dependency_results.values()]
+
+
+@task(takes_context=True)
+def checkpoint_misuse(context):
+    """Each misuse of context.checkpoint() raises a clear error; returns their starts."""
+    messages = []
+    try:
+        with context.atomic():
+            context.checkpoint("inside", _write_step, "inside", 0)
+    except RuntimeError as exc:  # The guarded transaction rolled back; the attempt goes on.
+        messages.append(str(exc)[:64])
+    try:
+        context.checkpoint("", _write_step, "x", 0)
+    except ValueError as exc:
+        messages.append(str(exc)[:46])
+    try:
+        context.checkpoint("bad", lambda: (_write_step("bad", 0), object())[1])
+    except TypeError as exc:
+        messages.append("is not JSON-serializable" if "JSON-serializable" in str(exc) else str(exc))
+    return messages
+
+
+@task(takes_context=True)
+def fenced_once_then_apply(context, label):
+    """Its first attempt finds its connection read-only (a fenced primary), as a handler would."""
+    from django.db import connection
+
+    if context.attempt == 1:
+        with connection.cursor() as cursor:
+            cursor.execute("SET SESSION default_transaction_read_only = on")
+    return apply_once.func(context, label)

@@ -27,6 +27,7 @@ from ...tasks import resolve_task
 from .. import attempts
 from ..attempts import Attempt, Outcome, error_entry
 from ..backoff import retry_delay
+from ..connections import is_read_only
 from ..instrument import log_job
 
 logger = logging.getLogger(__name__)
@@ -143,6 +144,10 @@ def execute(attempt: Attempt) -> Outcome:
             log_job(logger, logging.ERROR, lease, "raised after its guarded commit", exc_info=exc)
             outcome = Outcome(attempts.DONE_IN_ATOMIC, attempt)
         else:
+            if is_read_only(exc):
+                # This slot's connection reached a server that takes no writes:
+                # drop it, or every later attempt here would fail the same way.
+                connections.close_all()
             outcome = classify(exc, task, attempt)
             outcome.exception = exc  # For task_finished receivers' sys.exc_info().
             level = logging.INFO if outcome.kind == attempts.SNOOZE else logging.WARNING

@@ -14,7 +14,7 @@ A service whose next pass depends on what it found keeps its own
 `interval` (the cron scheduler wakes for the next tick), and may have a
 `failed()` method, called after a pass that raised.
 
-The worker builds its services in `Worker.services()` (heartbeat, reaper,
+The worker builds its services in `Worker.services()` (heartbeat, reaper, gates,
 timeouts, the cron scheduler); the worker registry plugs in there too. The
 control loop calls `Timetable.run_due` on every pass, which runs each service
 that is due, logs a failure and carries on; only a lost connection goes up
@@ -31,6 +31,7 @@ from typing import NamedTuple, Protocol
 import psycopg
 
 from ...protocol import Cursor
+from ..connections import is_read_only
 from ..instrument import Counters
 
 logger = logging.getLogger(__name__)
@@ -59,7 +60,8 @@ class Service(Protocol):
     def run_once(self, cursor: Cursor, now: Now) -> Counts: ...
 
 
-# Errors that mean the connection itself is gone: the loop reconnects.
+# Errors that mean the connection itself is gone: the loop reconnects. So it
+# does when the server takes no writes (connections.is_read_only).
 CONNECTION_ERRORS = (psycopg.OperationalError, psycopg.InterfaceError)
 
 
@@ -86,10 +88,10 @@ class Timetable:
                 self.due[service.name] = now.monotonic + service.interval
                 try:
                     counts = service.run_once(cur, now)
-                except CONNECTION_ERRORS:
-                    self.due[service.name] = 0.0  # First thing after the reconnect.
-                    raise
-                except Exception:
+                except Exception as exc:
+                    if isinstance(exc, CONNECTION_ERRORS) or is_read_only(exc):
+                        self.due[service.name] = 0.0  # First thing after the reconnect.
+                        raise  # The loop reconnects (and says why, in one line).
                     logger.exception(
                         "%s failed; it runs again in %.1fs", service.name, service.interval
                     )

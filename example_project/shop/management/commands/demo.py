@@ -34,6 +34,7 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import connections
 from django.utils import timezone
 
+from django_conveyor import send_signal
 from django_conveyor.api import keys
 from django_conveyor.conf import conveyor_settings
 from django_conveyor.management.arguments import port_number, positive_seconds
@@ -41,7 +42,7 @@ from django_conveyor.models import ApiKey, Job, LedgerEntry
 from django_conveyor.periodic import schedules
 from django_conveyor.states import FINAL_STATES, JobState
 from shop.models import GatewayCharge, Order, Payment, StockReport
-from shop.services import place_order, request_inventory_sync
+from shop.services import place_order, place_wholesale_order, request_inventory_sync
 from shop.tasks import (
     build_report,
     charge_payment,
@@ -49,6 +50,7 @@ from shop.tasks import (
     nightly_stock_report,
     order_fulfilled,
     send_receipt,
+    ship_order,
 )
 
 REPORT_SCHEDULE = "nightly-stock-report"  # settings.CONVEYOR["CRON"]
@@ -61,6 +63,7 @@ WORKER_STOP_TIMEOUT_SECONDS = 30.0  # Past the worker's own shutdown timeout.
 POLL_INTERVAL_SECONDS = 0.25
 REPORT_SECONDS = 3600.0  # The long job left running for the console's cancel button.
 SCHEDULED_IN = timedelta(hours=1)
+COOLING_OFF_SECONDS = 3.0  # The wholesale order's timer: an hour in the shop, short here.
 TRAFFIC_SECONDS = 15.0  # While serving, a customer orders this often (the dashboard's chart).
 METRICS_PORTS = range(9100, 9200)  # The worker's --metrics-port: the first free one.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -253,6 +256,20 @@ class Command(BaseCommand):
                 f"charge job {order.charge_job_id} -> receipt job {order.receipt_job_id} and "
                 f"a stock update -> fulfilled job {order.fulfilled_job_id}"
             )
+        order, flow = place_wholesale_order(
+            email="cafe@example.com", item="Coffee beans, 1 kg", quantity=40,
+            unit_price_cents=1500, cooling_off=timedelta(seconds=COOLING_OFF_SECONDS),
+        )  # fmt: skip
+        jobs["wholesale"] = [order.pk]
+        jobs["approval"] = [int(flow["approval"].id)]
+        jobs["cooling_off"] = [int(flow["cooling_off"].id)]
+        jobs["shipped"] = [int(flow["ship"].id)]
+        self.stdout.write(
+            f"    wholesale order {order.pk}: charge job {flow['charge'].id} -> approval gate "
+            f"{flow['approval'].id} (a manager's signal) -> cooling-off timer "
+            f"{flow['cooling_off'].id} ({COOLING_OFF_SECONDS:g}s here, an hour in the shop) -> "
+            f"ship job {flow['ship'].id}"
+        )
         jobs["flaky"].append(int(request_inventory_sync("COFFEE-1KG")))
         self.stdout.write(f"    inventory sync: job {jobs['flaky'][0]} (fails on every attempt)")
         # The periodic job runs at 03:00 Berlin time; "run now" shows it at once.
@@ -268,12 +285,26 @@ class Command(BaseCommand):
     def wait_for(
         self, jobs: dict[str, list[int]], worker: subprocess.Popen[bytes], timeout: float
     ) -> bool:
-        keys = ("receipts", "charges", "fulfilled", "flaky", "report")
+        keys = ("receipts", "charges", "fulfilled", "flaky", "report", "shipped")
         ids = [i for key in keys for i in jobs[key]]
+        approved = False
         self.step(f"Waiting for {len(ids)} jobs to settle (up to {timeout:g}s)")
         started = time.monotonic()
         while True:
             unsettled = Job.objects.filter(id__in=ids).exclude(state__in=FINAL_STATES).count()
+            if (
+                not approved
+                and Job.objects.filter(
+                    id__in=jobs["approval"], state=JobState.BLOCKED, pending_dependencies=0
+                ).exists()
+            ):
+                # What a manager does on the admin's Waiting page (or a view, with send_signal).
+                send_signal(jobs["approval"][0], "approval", payload={"approved_by": "demo"})
+                approved = True
+                self.stdout.write(
+                    f"    approved gate {jobs['approval'][0]} (the charge completed): the "
+                    f"cooling-off timer runs"
+                )
             if not unsettled:
                 self.stdout.write(f"    settled in {time.monotonic() - started:.1f}s")
                 return True
@@ -296,6 +327,7 @@ class Command(BaseCommand):
             (order_fulfilled, jobs["fulfilled"], JobState.COMPLETED),
             (flaky_sync, jobs["flaky"], JobState.DEAD),
             (nightly_stock_report, jobs["report"], JobState.COMPLETED),
+            (ship_order, jobs["shipped"], JobState.COMPLETED),
         ]
         ok = True
         for task, ids, wanted in expected:
@@ -356,6 +388,22 @@ class Command(BaseCommand):
                 "    (the fake gateway dropped replies; each retry sent the job's idempotency "
                 "key again and got the same charge back)"
             )
+        approval = Job.objects.get(pk=jobs["approval"][0])
+        timer = Job.objects.get(pk=jobs["cooling_off"][0])
+        shipped = Order.objects.get(pk=jobs["wholesale"][0])
+        waited = (
+            approval.state == timer.state == JobState.COMPLETED
+            and shipped.fulfilled_at is not None
+            and shipped.fulfilled_at >= timer.finished_at >= approval.finished_at
+            and (timer.finished_at - approval.finished_at).total_seconds() >= COOLING_OFF_SECONDS
+        )
+        ok &= waited
+        line = (
+            f"    wholesale order {shipped.pk}: approved ({approval.return_value}), shipped after "
+            f"a {COOLING_OFF_SECONDS:g}s cooling-off timer"
+            + ("" if waited else " (NOT AS EXPECTED)")
+        )
+        self.stdout.write(self.style.SUCCESS(line) if waited else self.style.ERROR(line))
         verdict = "every job ended as expected" if ok else "some jobs did not end as expected"
         self.stdout.write((self.style.SUCCESS if ok else self.style.ERROR)(f"    {verdict}"))
         return ok

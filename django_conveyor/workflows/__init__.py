@@ -8,6 +8,11 @@ A `Step` (tasks.py) is a task with its arguments (`task.step(*args,
     group(a, b, c)            side by side
     fan_in([a, b, c], then)   `then` after every one of them (a chord)
 
+Gates are steps that no handler runs (`signal`, `sleep`, `wait_until`):
+each waits in the database, blocked, until a signal, the clock or a row
+ends it (workflows/gates.py, workflows/conditions.py, and docs/workflows.md,
+"Workflows that wait").
+
 `Workflow.enqueue()` writes every job and every edge in one
 `transaction.atomic()` on the jobs' database (a savepoint inside the
 caller's own transaction), so the whole workflow commits or none of it.
@@ -20,17 +25,21 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.db import connections, transaction
 
-from . import protocol
-from .backend import UNIQUE_WITH_DEPENDENCIES
-from .compat import InvalidTask
-from .conf import conveyor_settings
-from .exceptions import DependencyCycle, DependencyInOtherDatabase, TooManyDependencies
-from .results import ConveyorTaskResult
-from .tasks import Step
+from .. import protocol
+from ..backend import UNIQUE_WITH_DEPENDENCIES
+from ..bounds import MAX_SECONDS, seconds_breach
+from ..compat import InvalidTask
+from ..conf import conveyor_settings
+from ..exceptions import DependencyCycle, DependencyInOtherDatabase, TooManyDependencies
+from ..results import ConveyorTaskResult
+from ..tasks import Step
+from . import conditions, gates
 
 
 class Workflow:
@@ -120,7 +129,7 @@ class Workflow:
         """Enqueue every step, in one transaction on the steps' database."""
         levels = self.levels()
         edges = self._edges()
-        steps = self.steps
+        steps = _bind_gates(self.steps)
         for step in steps:
             step.task.get_backend().validate_task(step.task)
         database = _one_database(steps)
@@ -129,6 +138,8 @@ class Workflow:
             job = step.task.get_backend().new_job(step.task, step.args, step.kwargs)
             if job.unique is not None and edges[index]:
                 raise InvalidTask(UNIQUE_WITH_DEPENDENCIES.format(name=step.task.name))
+            if step.gate is not None:
+                job = replace(job, gate=step.gate)
             wanted = len(set(job.depends_on)) + len(edges[index])
             if wanted > protocol.MAX_DEPENDENCIES:
                 raise TooManyDependencies(
@@ -152,6 +163,7 @@ class Workflow:
                 for i, result in zip(level, written, strict=True):
                     results[i] = result
                     ids[i] = protocol_id(result)
+            _check_new_conditions(database, [ids[i] for i, s in enumerate(steps) if s.gate])
         names = {name: results[i] for name, i in self._names.items()}
         return WorkflowResult([results[i] for i in range(len(steps))], names)
 
@@ -160,6 +172,28 @@ class Workflow:
 
     def __len__(self) -> int:
         return len(self.steps)
+
+
+def _bind_gates(steps: list[Step]) -> list[Step]:
+    """Gates take the queue and backend of the workflow's first task, so they share its database."""
+    tasks = [s.task for s in steps if s.gate is None]
+    if len(tasks) == len(steps):
+        return steps
+    options: dict[str, Any] = {}
+    if tasks:
+        options = {"queue_name": tasks[0].queue_name, "backend": tasks[0].backend}
+    return [
+        replace(s, task=s.task.using(**options, dependency_policy=s.gate["policy"]))
+        if s.gate is not None
+        else s
+        for s in steps
+    ]
+
+
+def _check_new_conditions(database: str, gate_ids: list[int]) -> None:
+    """Check the conditions of the new condition gates that wait already (no upstream)."""
+    if gate_ids:
+        conditions.check_conditions(database, ids=gate_ids)
 
 
 def protocol_id(result: ConveyorTaskResult) -> int:
@@ -234,4 +268,105 @@ def fan_in(parts: Iterable[Step | Workflow], then: Step | Workflow) -> Workflow:
     return chain(group(*parts), then)
 
 
-__all__ = ["Workflow", "WorkflowResult", "chain", "fan_in", "group"]
+ON_TIMEOUT = ("fail", "continue")
+POLICIES = ("cancel", "run")
+
+
+def signal(
+    name: str,
+    *,
+    timeout: timedelta | None = None,
+    on_timeout: str = "fail",
+    dependency_policy: str = "cancel",
+) -> Step:
+    """A gate that waits for `send_signal(gate, name, payload=...)`; the payload is its result."""
+    gates.check_signal_name(name, "signal's name")
+    definition = {"kind": "signal", "signal": name, **_timeout(timeout, on_timeout, "signal")}
+    return _gate(definition, dependency_policy)
+
+
+def sleep(
+    duration: timedelta | None = None,
+    *,
+    until: datetime | None = None,
+    dependency_policy: str = "cancel",
+) -> Step:
+    """A durable timer: `duration` after its upstream steps are done, or until `until`."""
+    if (duration is None) == (until is None):
+        raise ValueError("sleep() takes a duration or until=, exactly one of them.")
+    if duration is not None:
+        definition = {"kind": "sleep", "seconds": _seconds(duration, "sleep()'s duration")}
+    else:
+        definition = {"kind": "sleep", "until": _instant(until)}
+    return _gate(definition, dependency_policy)
+
+
+def wait_until(
+    model: Any,
+    q: Any,
+    *,
+    timeout: timedelta | None = None,
+    on_timeout: str = "fail",
+    dependency_policy: str = "cancel",
+) -> Step:
+    """A gate that waits until a row of `model` matches `q`; `{"matched": pk}` is its result."""
+    definition = {
+        "kind": "condition",
+        "condition": conditions.condition(model, q),
+        **_timeout(timeout, on_timeout, "wait_until"),
+    }
+    return _gate(definition, dependency_policy)
+
+
+def _gate(definition: dict[str, Any], policy: str) -> Step:
+    if policy not in POLICIES:
+        raise ValueError(
+            f"dependency_policy must be one of {', '.join(map(repr, POLICIES))}, "
+            f"not {policy!r:.80}."
+        )
+    # "policy" is read when the gate is bound to its workflow; the rest is stored.
+    return Step(gates.gate_task(definition["kind"]), gate={**definition, "policy": policy})
+
+
+def _timeout(timeout: timedelta | None, on_timeout: str, what: str) -> dict[str, Any]:
+    if on_timeout not in ON_TIMEOUT:
+        raise ValueError(
+            f"{what}()'s on_timeout must be one of {', '.join(map(repr, ON_TIMEOUT))}, "
+            f"not {on_timeout!r:.80}."
+        )
+    if timeout is None:
+        return {"on_timeout": on_timeout}
+    return {"seconds": _seconds(timeout, f"{what}()'s timeout"), "on_timeout": on_timeout}
+
+
+def _seconds(value: Any, what: str) -> float:
+    if not isinstance(value, timedelta):
+        raise TypeError(f"{what} must be a timedelta, not {type(value).__name__} {value!r:.60}.")
+    seconds = value.total_seconds()
+    if seconds_breach(seconds, zero=True):
+        raise ValueError(
+            f"{what} must be from 0 to ten years ({MAX_SECONDS:.0f} seconds), not {value}."
+        )
+    return seconds
+
+
+def _instant(value: Any) -> str:
+    if not isinstance(value, datetime):
+        raise TypeError(
+            f"sleep()'s until must be a datetime, not {type(value).__name__} {value!r:.60}."
+        )
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise ValueError(f"sleep()'s until must be an aware datetime, not the naive {value}.")
+    return value.astimezone(UTC).isoformat()
+
+
+__all__ = [
+    "Workflow",
+    "WorkflowResult",
+    "chain",
+    "fan_in",
+    "group",
+    "signal",
+    "sleep",
+    "wait_until",
+]
