@@ -14,7 +14,7 @@ import hashlib
 import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from .bounds import MAX_SECONDS, breach, is_number
@@ -168,16 +168,42 @@ class Kept:
     replaced_at: str | None  # ISO 8601, the database's time of the last of them.
 
     @classmethod
-    def of(cls, uniqueness: Mapping[str, Any] | None) -> Kept:
-        info = uniqueness or {}
+    def of(cls, uniqueness: Any) -> Kept:
+        """Read leniently: a row written by hand or by another version shows what
+        it can, and never fails the page or the listing it is on."""
+        info = uniqueness if isinstance(uniqueness, Mapping) else {}
+        by = info.get("by", PARTS)
+        period, replaced = info.get("period"), info.get("replaced", 0)
+        on_duplicate, replaced_at = info.get("on_duplicate", "skip"), info.get("replaced_at")
         return cls(
-            by=list(info.get("by", PARTS)),
-            period=info.get("period"),
-            on_duplicate=info.get("on_duplicate", "skip"),
+            by=[str(part) for part in by] if isinstance(by, list) else list(PARTS),
+            period=period if _whole(period) and 0 < period <= MAX_SECONDS else None,
+            on_duplicate=on_duplicate if on_duplicate in ("skip", "replace") else "skip",
             value=info.get("key"),
-            replaced=info.get("replaced", 0),
-            replaced_at=info.get("replaced_at"),
+            replaced=replaced if _whole(replaced) and replaced >= 0 else 0,
+            replaced_at=replaced_at if _timestamp(replaced_at) else None,
         )
+
+    @staticmethod
+    def states_of(unique_states: Any) -> list[str]:
+        """A row's unique_states as state names; anything else reads as none."""
+        if not isinstance(unique_states, list):
+            return []
+        return [s for s in unique_states if isinstance(s, str)]
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _timestamp(value: Any) -> bool:
+    if not isinstance(value, str):
+        return False
+    try:
+        datetime.fromisoformat(value)
+    except ValueError:
+        return False
+    return True
 
 
 @dataclass(frozen=True, slots=True)

@@ -101,3 +101,17 @@ class TestRequeue:
         response = staff.post(url, {"post": "yes"}, follow=True)
         texts = [str(m) for m in response.context["messages"]]
         assert any(f"held by job {holder.id} (available)" in text for text in texts), texts
+
+
+@pytest.mark.parametrize(
+    ("uniqueness", "states"),
+    [("junk", "running"), ({"by": 5, "period": "x", "replaced_at": "nope"}, {"a": 1})],
+)
+def test_a_bad_uniqueness_in_a_row_still_shows_its_page(staff, uniqueness, states):
+    result = tasks.unique_add.enqueue(1, 2)
+    Job.objects.filter(pk=result.id).update(uniqueness=uniqueness, unique_states=states)
+    job = Job.objects.get(pk=result.id)
+    response = staff.get(job_page(job))
+    assert response.status_code == 200
+    assert f'<code id="conveyor-unique-key">{job.unique_key}</code>' in response.content.decode()
+    assert staff.get(reverse("admin:conveyor_job_changelist")).status_code == 200

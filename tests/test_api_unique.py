@@ -149,3 +149,27 @@ def test_over_a_real_socket(live_server, settings):
     assert (status, again["id"], again["unique"]["key"]) == (200, job["id"], job["unique"]["key"])
     status, problem = post({**body, "unique": {"states": ["completed"]}})
     assert status == 400 and "must contain blocked" in json.dumps(problem)
+
+
+BAD_ROWS = [
+    ("junk", "running"),
+    ({"by": 5, "period": "x", "on_duplicate": 1, "replaced": -3, "replaced_at": "nope"}, {"a": 1}),
+    ({"period": 10**12, "replaced": True, "replaced_at": 7}, [1, None]),
+]
+
+
+@pytest.mark.parametrize(("uniqueness", "states"), BAD_ROWS)
+def test_a_bad_uniqueness_in_a_row_fails_neither_the_job_nor_the_list(api, uniqueness, states):
+    good = enqueue(api, {"task": UNIQUE, "args": [1, 2]}).json()
+    bad = enqueue(api, {"task": UNIQUE, "args": [3, 4]}).json()
+    Job.objects.filter(pk=bad["id"]).update(uniqueness=uniqueness, unique_states=states)
+    shown = api.get(f"{JOBS}/{bad['id']}")
+    assert shown.status_code == 200, shown.content
+    unique = shown.json()["unique"]
+    assert unique["key"] == bad["unique"]["key"]
+    assert (unique["period"], unique["on_duplicate"], unique["replaced"]) == (None, "skip", 0)
+    assert unique["replaced_at"] is None
+    assert all(isinstance(state, str) for state in unique["states"])
+    listed = api.get(JOBS)
+    assert listed.status_code == 200
+    assert {job["id"] for job in listed.json()["items"]} == {good["id"], bad["id"]}

@@ -124,7 +124,7 @@ def uniqueness(job: Job, database: str) -> Uniqueness | None:
         return None
     kept = Kept.of(job.uniqueness)
     start = job.unique_window
-    holds_it = job.state in (job.unique_states or [])
+    holds_it = job.state in Kept.states_of(job.unique_states)
     holder = None if holds_it else operations.key_holders([job.pk], database=database).get(job.pk)
     return Uniqueness(
         key=job.unique_key,
@@ -133,7 +133,7 @@ def uniqueness(job: Job, database: str) -> Uniqueness | None:
         period=kept.period,
         by=kept.by,
         value=kept.value,
-        states=job.unique_states or [],
+        states=Kept.states_of(job.unique_states),
         on_duplicate=kept.on_duplicate,
         replaced=kept.replaced,
         replaced_at=_time(kept.replaced_at),

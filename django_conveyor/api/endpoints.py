@@ -117,7 +117,7 @@ def unique_out(job: Job) -> dict[str, Any] | None:
         "period": kept.period,
         "by": kept.by,
         "value": kept.value,
-        "states": job.unique_states or [],
+        "states": Kept.states_of(job.unique_states),
         "on_duplicate": kept.on_duplicate,
         "replaced": kept.replaced,
         "replaced_at": kept.replaced_at,
