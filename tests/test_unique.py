@@ -43,6 +43,15 @@ def waiting_backends() -> int:
         return cur.fetchone()[0]
 
 
+def run_in_threads(target, count: int) -> None:
+    """Run `target` in `count` threads at once and wait for them all."""
+    threads = [threading.Thread(target=target) for _ in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+
 class TestTheOption:
     def test_importable_from_the_package(self):
         assert Unique().on_duplicate == "skip"
@@ -383,11 +392,7 @@ class TestConcurrency:
             finally:
                 connections.close_all()
 
-        threads = [threading.Thread(target=caller) for _ in range(16)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        run_in_threads(caller, 16)
         assert errors == []
         assert len(results) == 3200
         assert Job.objects.count() == 1
@@ -415,11 +420,7 @@ class TestConcurrency:
             finally:
                 connections.close_all()
 
-        threads = [threading.Thread(target=caller) for _ in range(16)]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        run_in_threads(caller, 16)
         assert errors == []
         jobs = list(Job.objects.all())
         per_window = Counter(job.unique_window for job in jobs)
