@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -30,6 +31,7 @@ REQUIRED_STATES = ("blocked", "available", "running")
 OPTIONAL_STATES = ("completed", "failed", "dead", "cancelled")
 ON_DUPLICATE = ("skip", "replace")
 KEY_LENGTH = 64  # unique_key: a hex SHA-256.
+KEY_FORMAT = re.compile(r"[0-9a-f]{64}")  # What a search or a filter by key accepts.
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -34,7 +34,11 @@ def test_cancel_by_ids_and_dry_run(capsys):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["requeue"], "Select jobs with --ids, --state, --queue or --task."),
+        (["requeue"], "Select jobs with --ids, --state, --queue, --task or --unique-key."),
+        (
+            ["cancel", "--unique-key", "ABC"],
+            "--unique-key takes a job's unique key (64 lowercase hex digits), not 'ABC'.",
+        ),
         (["requeue", "--state", "running"], "Cannot requeue jobs in state 'running'"),
         (["cancel", "--ids", "1,x"], "--ids takes comma-separated job ids, not '1,x'."),
     ],

@@ -584,6 +584,17 @@ class TestRequeue:
             err.getvalue()
         )
 
+    def test_the_command_selects_the_jobs_of_a_key(self):
+        holder = tasks.unique_add.enqueue(1, 2)
+        other = tasks.unique_add.enqueue(3, 4)
+        key = Job.objects.get(pk=holder.id).unique_key
+        out = io.StringIO()
+        call_command("conveyor_jobs", "cancel", "--unique-key", key, stdout=out)
+        assert out.getvalue() == "Cancelled 1 job(s).\n"
+        assert Job.objects.get(pk=holder.id).state == "cancelled"
+        assert Job.objects.get(pk=other.id).state == "available"
+        assert tasks.unique_add.enqueue(1, 2).created  # The key is free again.
+
     def test_of_jobs_sharing_a_key_only_the_first_comes_back(self, cur):
         ids = []
         for _ in range(3):

@@ -8,7 +8,6 @@ list's order, and counts past EXACT_COUNT_LIMIT are the planner's estimates.
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from django.contrib import admin
@@ -27,11 +26,10 @@ from ..conf import conveyor_settings
 from ..models import DeadLetter, Job, LedgerEntry, Worker, unique_key_is
 from ..states import CANCELLABLE_STATES, REQUEUEABLE_STATES, JobState
 from ..tasks import known_task_paths
+from ..unique import KEY_FORMAT
 from . import jobpage, workflow
 from .actions import cancel_jobs, job_page_action, requeue_jobs
 from .base import EstimatedCountPaginator, ReadOnlyAdmin, can_view_payloads
-
-UNIQUE_KEY = re.compile(r"[0-9a-f]{64}")
 
 LIST_COLUMNS = (
     "id",
@@ -152,7 +150,7 @@ class JobAdmin(ReadOnlyAdmin):
         if not term:
             return queryset, False
         match = Q(idempotency_key=term)
-        if UNIQUE_KEY.fullmatch(term):  # Every job with this key, through its two indexes.
+        if KEY_FORMAT.fullmatch(term):  # Every job with this key, through its two indexes.
             match |= unique_key_is(term)
         if term.isdigit():
             match |= Q(pk=int(term))

@@ -12,8 +12,9 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_conveyor import operations
 from django_conveyor.conf import conveyor_settings
-from django_conveyor.models import Job
+from django_conveyor.models import Job, unique_key_is
 from django_conveyor.states import CANCELLABLE_STATES, REQUEUEABLE_STATES
+from django_conveyor.unique import KEY_FORMAT
 
 ACTIONS = {
     "requeue": (operations.requeue, REQUEUEABLE_STATES),
@@ -28,6 +29,14 @@ def id_list(text: str) -> list[int]:
         raise CommandError(f"--ids takes comma-separated job ids, not {text!r}.") from None
 
 
+def unique_key(text: str) -> str:
+    if not KEY_FORMAT.fullmatch(text):
+        raise CommandError(
+            f"--unique-key takes a job's unique key (64 lowercase hex digits), not {text!r}."
+        )
+    return text
+
+
 class Command(BaseCommand):
     help = "Requeue failed, dead or cancelled jobs, or cancel jobs that have not started."
 
@@ -37,6 +46,9 @@ class Command(BaseCommand):
         parser.add_argument("--state", default=None, help="Only jobs in this state.")
         parser.add_argument("--queue", default=None, help="Only jobs of this queue.")
         parser.add_argument("--task", default=None, help="Only jobs of this task path.")
+        parser.add_argument(
+            "--unique-key", type=unique_key, default=None, help="Only jobs of this unique key."
+        )
         parser.add_argument(
             "--database", default=None, help="Alias (default CONVEYOR['DATABASE'])."
         )
@@ -53,8 +65,8 @@ class Command(BaseCommand):
                 f"Cannot {options['action']} jobs in state {options['state']!r}; "
                 f"choose one of: {names}."
             )
-        if not any(options[k] for k in ("ids", "state", "queue", "task")):
-            raise CommandError("Select jobs with --ids, --state, --queue or --task.")
+        if not any(options[k] for k in ("ids", "state", "queue", "task", "unique_key")):
+            raise CommandError("Select jobs with --ids, --state, --queue, --task or --unique-key.")
         jobs = Job.objects.using(database).filter(
             state__in=[options["state"]] if options["state"] else list(allowed)
         )
@@ -64,6 +76,8 @@ class Command(BaseCommand):
             jobs = jobs.filter(queue=options["queue"])
         if options["task"]:
             jobs = jobs.filter(task_path=options["task"])
+        if options["unique_key"]:
+            jobs = jobs.filter(unique_key_is(options["unique_key"]))
         ids = list(jobs.values_list("id", flat=True))
         if options["dry_run"]:
             self.stdout.write(f"Would {options['action']} {len(ids)} job(s).")
