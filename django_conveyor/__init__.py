@@ -17,6 +17,7 @@ __all__ = [
     "Discard",
     "LeaseLost",
     "Snooze",
+    "Unique",
     "reject_signal",
     "send_signal",
     "task",
@@ -24,11 +25,15 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    # `task` imports django.tasks, which needs settings; load it on first use.
+    # `task` and `Unique` import django.tasks, which needs settings; load them on first use.
     if name == "task":
         from .tasks import task
 
         return task
+    if name == "Unique":
+        from .unique import Unique
+
+        return Unique
     if name in ("send_signal", "reject_signal"):
         from .workflows import gates
 

@@ -7,13 +7,15 @@ back with the caller's transaction; its NOTIFY is delivered only on commit.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from datetime import datetime, timedelta
+from types import SimpleNamespace
 from typing import Any
 
 from django.apps import apps
 from django.core import checks
-from django.db import connections
+from django.db import connections, transaction
 from django.utils import timezone
 
 from . import protocol
@@ -45,8 +47,18 @@ from .results import ConveyorTaskResult, parse_result_id, result_from_job, resul
 from .serialization import json_round_trip, text_problem
 from .signals import heard, task_enqueue_replayed
 from .tasks import DEPENDENCY_POLICIES, ConveyorTask
+from .unique import Unique, unique_call
+
+logger = logging.getLogger(__name__)
 
 MAX_IDEMPOTENCY_KEY_LENGTH = 255
+PER_CALL_OPTIONS = ("idempotency_key", "unique")  # What one call of enqueue_many() may set.
+# Folding the call into another job would drop the dependencies it asked for.
+UNIQUE_WITH_DEPENDENCIES = (
+    "A unique job cannot wait for dependencies: {name}() has unique=Unique(...), and a call "
+    "folded into an existing job would lose its depends_on. In a workflow, give the steps "
+    "after the first .using(unique=False)."
+)
 
 
 def run_after_problem(run_after: Any) -> str | None:
@@ -148,6 +160,14 @@ class ConveyorBackend(BaseTaskBackend):
         meta = getattr(task, "meta", None)
         if meta is not None and (problem := meta_problem(meta)):
             raise InvalidTask(problem)
+        unique = getattr(task, "unique", None)
+        if unique is not None and not isinstance(unique, Unique):
+            raise InvalidTask(
+                f"unique must be a Unique(...) (or False for none), not "
+                f"{type(unique).__name__} {unique!r:.80}."
+            )
+        if unique is not None and getattr(task, "depends_on", ()):
+            raise InvalidTask(UNIQUE_WITH_DEPENDENCIES.format(name=task.name))
 
     def new_job(
         self, task: Any, args: Sequence[Any], kwargs: dict[str, Any], after: Sequence[int] = ()
@@ -159,20 +179,36 @@ class ConveyorBackend(BaseTaskBackend):
         between the two. Call `validate_task()` first.
         """
         meta = getattr(task, "meta", None)
+        args = json_round_trip(list(args), f"{task.name}() args")
+        kwargs = json_round_trip(dict(kwargs), f"{task.name}() kwargs")
+        depends_on = (*self._dependency_job_ids(task), *after)
+        unique = getattr(task, "unique", None)
+        if unique is not None and depends_on:
+            raise InvalidTask(UNIQUE_WITH_DEPENDENCIES.format(name=task.name))
+        if unique is not None:
+            unique = unique_call(
+                unique,
+                task_name=task.name,
+                task_path=task.module_path,
+                args=args,
+                kwargs=kwargs,
+                queue=task.queue_name,
+            )
         return protocol.NewJob(
             task_path=task.module_path,
-            args=json_round_trip(list(args), f"{task.name}() args"),
-            kwargs=json_round_trip(dict(kwargs), f"{task.name}() kwargs"),
+            args=args,
+            kwargs=kwargs,
             queue=task.queue_name,
             backend=self.alias,
             priority=task.priority,
             max_attempts=getattr(task, "max_attempts", None) or conveyor_settings().MAX_ATTEMPTS,
             run_after=task.run_after,
             idempotency_key=getattr(task, "idempotency_key", None),
-            depends_on=(*self._dependency_job_ids(task), *after),
+            depends_on=depends_on,
             dependency_policy=getattr(task, "dependency_policy", "cancel"),
             tags=getattr(task, "tags", None) or None,
             meta=_traced(json_round_trip(meta, "meta") if meta else None),
+            unique=unique,
         )
 
     def _dependency_job_ids(self, task: Any) -> list[int]:
@@ -194,18 +230,60 @@ class ConveyorBackend(BaseTaskBackend):
         self.validate_task(task)
         return self.enqueue_jobs([task], [self.new_job(task, args, kwargs)])[0]
 
-    def enqueue_many(
-        self, task: Any, calls: Iterable[tuple[Sequence[Any], dict[str, Any]]]
-    ) -> list[ConveyorTaskResult]:
-        """Enqueue many calls of one task with a single INSERT."""
+    def enqueue_many(self, task: Any, calls: Iterable[Sequence[Any]]) -> list[ConveyorTaskResult]:
+        """Enqueue many calls of one task with a single INSERT (and, for calls whose
+        keys name existing jobs, one or two statements more), in order.
+
+        Each call is `(args, kwargs)` or `(args, kwargs, options)`, where the
+        options, for that call only, are `idempotency_key` and `unique`.
+        Every call is checked before anything is written.
+        """
         self.validate_task(task)
         if getattr(task, "idempotency_key", None):
             raise InvalidTask(
-                "enqueue_many() cannot share one idempotency_key across calls; "
-                "enqueue keyed jobs one at a time."
+                "enqueue_many() cannot share one idempotency_key across calls; give each "
+                'call its own, as its third element: (args, kwargs, {"idempotency_key": ...}).'
             )
-        jobs = [self.new_job(task, args, kwargs) for args, kwargs in calls]
-        return self.enqueue_jobs([task] * len(jobs), jobs) if jobs else []
+        tasks, jobs = [], []
+        for number, call in enumerate(calls):
+            args, kwargs, called = self._call(task, number, call)
+            tasks.append(called)
+            jobs.append(self.new_job(called, args, kwargs))
+        if not jobs:
+            return []
+        if any(job.idempotency_key for job in jobs) and len(jobs) > 1:
+            # IdempotencyKeyReused may be raised after some of the calls were
+            # inserted: none of the batch stays.
+            with transaction.atomic(using=conveyor_settings().database_for(task.queue_name)):
+                return self.enqueue_jobs(tasks, jobs)
+        return self.enqueue_jobs(tasks, jobs)
+
+    def _call(self, task: Any, number: int, call: Any) -> tuple[Any, Any, Any]:
+        """One call of enqueue_many(): its arguments, and the task with its options."""
+        if not isinstance(call, list | tuple) or len(call) not in (2, 3):
+            raise InvalidTask(
+                f"enqueue_many() call {number}: each call is (args, kwargs) or (args, kwargs, "
+                f"options), not {type(call).__name__} {call!r:.80}."
+            )
+        args, kwargs, *rest = call
+        if not rest or rest[0] is None:
+            return args, kwargs, task
+        options = rest[0]
+        if not isinstance(options, Mapping):
+            raise InvalidTask(
+                f"enqueue_many() call {number}: its options must be a dict, not "
+                f"{type(options).__name__} {options!r:.80}."
+            )
+        unknown = sorted(set(options) - set(PER_CALL_OPTIONS), key=str)
+        if unknown:
+            raise InvalidTask(
+                f"enqueue_many() call {number}: unknown option(s) "
+                f"{', '.join(map(repr, unknown))}; a call takes {', '.join(PER_CALL_OPTIONS)}."
+            )
+        try:
+            return args, kwargs, task.using(**options)
+        except InvalidTask as exc:
+            raise InvalidTask(f"enqueue_many() call {number}: {exc}") from exc
 
     def enqueue_jobs(
         self, tasks: Sequence[Any], jobs: list[protocol.NewJob]
@@ -228,8 +306,14 @@ class ConveyorBackend(BaseTaskBackend):
         results = []
         send = heard(task_enqueued, log_task_enqueued, logging.DEBUG)
         for task, job, row in zip(tasks, jobs, enqueued, strict=True):
-            if not row.created:  # The idempotency key named an existing job.
-                replayed = self._load(database, row.id, created=False)
+            if not row.created:  # A key (idempotency or unique) named an existing job.
+                replayed = self._existing(database, row)
+                if job.unique is not None:
+                    logger.debug(
+                        "%s call folded into job %s (%s, unique key %s)%s",
+                        task.name, replayed.id, row.state, job.unique.key,
+                        ", its arguments replaced" if row.replaced else "",
+                    )  # fmt: skip
                 task_enqueue_replayed.send(type(self), task_result=replayed)
                 results.append(replayed)
                 continue
@@ -255,6 +339,17 @@ class ConveyorBackend(BaseTaskBackend):
         if database not in conveyor_settings().databases():
             raise TaskResultDoesNotExist(f"No job has the id {result_id!r}.")
         return self._load(database, job_id)
+
+    def _existing(self, database: str, row: protocol.Enqueued) -> ConveyorTaskResult:
+        """The result of the job a call's key named, from the row ENQUEUE read (no query)."""
+        assert row.row is not None  # protocol.enqueue gives every call it did not create one.
+        # The columns result_from_job reads, without a model instance: a batch may fold
+        # thousands of calls.
+        job = SimpleNamespace(**row.row)
+        return replace(
+            result_from_job(job, database=database, created=False),  # type: ignore[arg-type]
+            replaced=row.replaced,
+        )
 
     def _load(self, database: str, job_id: int, *, created: bool = True) -> ConveyorTaskResult:
         from .models import Job

@@ -83,6 +83,10 @@ class IdempotencyKeyReused(ConveyorError):
         self.key = key
 
 
+class UniqueKeyContended(ConveyorError):
+    """The jobs holding a call's unique key kept changing state; nothing was decided for it."""
+
+
 class OutcomeRefused(ConveyorError):
     """PostgreSQL refused to store an attempt's outcome; the job failed instead."""
 

@@ -8,16 +8,30 @@ value Python cannot represent.
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
 from django.db import models
 from django.db.models import JSONField, Q, Value
 from django.db.models.fields.json import KeyTextTransform
+from django.db.models.functions import Coalesce
 
 from .readable import InstantField, TolerantJSONDecoder
 from .states import JobState
 
 PRIORITY_RANGE = Q(priority__gte=-100) & Q(priority__lte=100)
+# The window of a unique key without a period, in its index only: PostgreSQL
+# 14 has no NULLS NOT DISTINCT, and NULL windows must collide.
+UNIQUE_NO_WINDOW = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+# A keyed job holds its key while its state is one of its own blocking states.
+HOLDS_KEY = Q(unique_states__has_key=models.F("state"))
+
+
+def unique_key_is(key: str) -> Q:
+    """Every job with this unique key, in every window: the one holding it (through
+    conveyor_job_unique_key_uniq) and those that held it (conveyor_job_released_key_idx).
+    Each arm implies one index's predicate, so PostgreSQL reads both."""
+    return Q(unique_key=key) & HOLDS_KEY | Q(unique_key=key) & ~HOLDS_KEY
 
 
 def tolerant_json(**options: Any) -> models.JSONField:
@@ -92,6 +106,16 @@ class Job(models.Model):
     # GIN indexes (docs/observability.md#what-it-costs).
     tags = tolerant_json(null=True, blank=True)  # A JSON array of strings.
     meta = tolerant_json(null=True, blank=True)
+
+    # Unique jobs (docs/unique-jobs.md), all NULL for a job without `unique`:
+    # the key (a hex SHA-256 of what `by` names), the start of its period
+    # bucket (from the database's now()), the states in which the job holds
+    # the key (the unique index's predicate reads them), and what the key was
+    # made of ({"by", "key", "period", "on_duplicate", "replaced", "replaced_at"}).
+    unique_key = models.CharField(max_length=64, null=True, blank=True)  # noqa: DJ001
+    unique_window = InstantField(null=True, blank=True)
+    unique_states = tolerant_json(null=True, blank=True)  # A list of state names.
+    uniqueness = tolerant_json(null=True, blank=True)
 
     class Meta:
         db_table = "conveyor_job"
@@ -183,6 +207,15 @@ class Job(models.Model):
                 name="conveyor_job_gate_waiting_idx",
                 condition=Q(state="blocked", gate__isnull=False),
             ),
+            # Unique jobs: the keyed jobs that do not hold their key (they
+            # finished), for the search of every job with a key. Its predicate
+            # is the complement of the unique index's, so a keyed job has one
+            # entry in one of the two, never two (unique_key_is() reads both).
+            models.Index(
+                fields=["unique_key", "id"],
+                name="conveyor_job_released_key_idx",
+                condition=Q(unique_key__isnull=False) & ~HOLDS_KEY,
+            ),
             # Search also reads conveyor_job_tags_idx and conveyor_job_meta_idx,
             # partial GIN indexes that migration 0014 creates in SQL: Django's
             # GinIndex would make django.contrib.postgres a required app.
@@ -205,6 +238,17 @@ class Job(models.Model):
             models.CheckConstraint(
                 condition=Q(dependency_policy__in=[p.value for p in DependencyPolicy]),
                 name="conveyor_job_dependency_policy_valid",
+            ),
+            # Unique jobs: one job per key and window among the states the job
+            # itself names. The predicate reads the row's own state, so the
+            # statement that moves a job out of those states frees its key; a
+            # job without a key has no entry (its claims and completions write
+            # none). protocol.py repeats the predicate verbatim (_HOLDS_KEY).
+            models.UniqueConstraint(
+                models.F("unique_key"),
+                Coalesce("unique_window", Value(UNIQUE_NO_WINDOW)),
+                condition=Q(unique_key__isnull=False) & HOLDS_KEY,
+                name="conveyor_job_unique_key_uniq",
             ),
         ]
 

@@ -34,6 +34,16 @@ def requeue(
         )
 
 
+def key_holders(ids: Sequence[int], *, database: str | None = None) -> dict[int, tuple[int, str]]:
+    """Of these jobs, those whose unique key another job holds: {id: (holder id, its state)}.
+
+    Why REQUEUE refused them (docs/unique-jobs.md).
+    """
+    database = database or conveyor_settings().DATABASE
+    with connections[database].cursor() as cursor:
+        return protocol.key_holders(cursor, ids=list(ids))
+
+
 def cancel(
     ids: Sequence[int], *, database: str | None = None, actor: str = protocol.DEFAULT_ACTOR
 ) -> list[int]:

@@ -114,19 +114,23 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, NamedTuple, Protocol
+
+from psycopg import pq
 
 from .exceptions import (
     DependencyAlreadyFailed,
     DependencyNotFound,
     IdempotencyKeyReused,
     TooManyDependencies,
+    UniqueKeyContended,
 )
 from .readable import Unreadable, fetch_all, loads_or_unreadable
 from .serialization import loaded
 from .states import JobState
+from .unique import Entry, UniqueCall, fold
 
 NOTIFY_CHANNEL = "conveyor"
 DEFAULT_ACTOR = "code"  # Who changed a job, when the caller does not say.
@@ -216,6 +220,7 @@ class NewJob:
     # Observability: None when the job has none (NULL, no index entry).
     tags: Sequence[str] | None = None
     meta: dict[str, Any] | None = None
+    unique: UniqueCall | None = None  # Unique jobs: the call's key (unique.py).
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,8 +228,10 @@ class Enqueued:
     id: int
     enqueued_at: datetime
     run_after: datetime
-    created: bool  # False when the idempotency key already named a job.
+    created: bool  # False when an idempotency key or a unique key named an existing job.
     state: str = JobState.AVAILABLE  # blocked when it waits for dependencies.
+    replaced: bool = False  # This call's arguments and run_after went into that job.
+    row: dict[str, Any] | None = None  # That job's columns (JOB_COLUMNS), when not created.
 
 
 _ENQUEUE_COLUMNS = """
@@ -232,10 +239,24 @@ _ENQUEUE_COLUMNS = """
     max_attempts int, run_after timestamptz, idempotency_key text, ord int,
     pending int, policy text,
     gate jsonb,
-    tags jsonb, meta jsonb
+    tags jsonb, meta jsonb,
+    unique_key text, unique_period float8, unique_states jsonb, uniqueness jsonb
 """
 
 
+def _window(period: str) -> str:
+    """SQL for the start of a call's period bucket: the database's now(), rounded
+    down to a multiple of the period since the epoch; NULL without a period."""
+    return (
+        f"CASE WHEN {period} IS NOT NULL THEN "
+        f"to_timestamp(floor(extract(epoch FROM now())::float8 / {period}) * {period}) END"
+    )
+
+
+# No conflict target: the idempotency key's index and the unique key's are
+# both arbiters, so neither can raise into the caller's transaction. A row
+# either refuses is not inserted (a job with neither key never is: its
+# primary key comes from the sequence).
 ENQUEUE = f"""
 WITH input AS (
     SELECT * FROM jsonb_to_recordset(%(rows)s::jsonb) AS t({_ENQUEUE_COLUMNS})
@@ -245,30 +266,104 @@ WITH input AS (
         run_after, enqueued_run_after, lease_version, idempotency_key, errors, enqueued_at,
         pending_dependencies, dependency_policy,
         gate, gate_deadline,
-        tags, meta
+        tags, meta,
+        unique_key, unique_window, unique_states, uniqueness
     )
     SELECT task_path, args, kwargs, queue, backend, priority,
            {_waits_or_runs("input", "pending > 0")}, 0, max_attempts,
            COALESCE(run_after, now()), run_after, 0, idempotency_key, '[]'::jsonb, now(),
            pending, policy,
            gate, {_armed_deadline("input", "pending = 0", "NULL")},
-           tags, meta
+           tags, meta,
+           unique_key, {_window("unique_period")}, unique_states, uniqueness
     FROM input ORDER BY ord
-    ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-    RETURNING id, idempotency_key, queue, run_after, enqueued_at, state
+    ON CONFLICT DO NOTHING
+    RETURNING id, idempotency_key, queue, run_after, enqueued_at, state, unique_key
 )
-SELECT id, idempotency_key, enqueued_at, run_after, state,
+SELECT id, idempotency_key, enqueued_at, run_after, state, unique_key,
        CASE WHEN %(notify)s AND state = 'available' AND run_after <= now()
             THEN pg_notify(%(channel)s, queue) END
 FROM inserted
 """
 
+# What an existing job's result is built from (results.result_from_job).
+JOB_COLUMNS = (
+    "id", "task_path", "args", "kwargs", "queue", "backend", "priority", "state", "run_after",
+    "enqueued_run_after", "errors", "return_value", "enqueued_at", "started_at", "finished_at",
+    "lease_owner",
+)  # fmt: skip
+_JOB_COLUMNS = ", ".join(f"j.{column}" for column in JOB_COLUMNS)
 
-EXISTING_BY_KEY = """
-SELECT id, idempotency_key, enqueued_at, run_after, task_path, args, kwargs, queue
-FROM conveyor_job
-WHERE idempotency_key = ANY(%(keys)s)
+# The unique index's key and predicate, verbatim (models.py), so that a
+# query's WHERE implies the predicate and reads conveyor_job_unique_key_uniq.
+_NO_WINDOW = "'1970-01-01T00:00:00+00:00'::timestamptz"
+_HOLDS_KEY = "{j}.unique_states ? {j}.state::text"
+
+
+def _holds_key_of(j: str, i: str) -> str:
+    """SQL: job `j` holds the key of input row `i` (its key, window and states)."""
+    return f"""{j}.unique_key = {i}.unique_key
+          AND COALESCE({j}.unique_window, {_NO_WINDOW})
+              = COALESCE({_window(i + ".unique_period")}, {_NO_WINDOW})
+          AND {_HOLDS_KEY.format(j=j)}"""
+
+
+# The calls ENQUEUE did not insert: the job with the call's idempotency key,
+# else the job holding its unique key. A statement of its own, after the
+# INSERT: a holder that committed while the INSERT waited for it is visible.
+ENQUEUED_JOBS = f"""
+WITH input AS (
+    SELECT * FROM jsonb_to_recordset(%(rows)s::jsonb)
+        AS t(ord int, idempotency_key text, unique_key text, unique_period float8)
+)
+SELECT i.ord, found.*
+FROM input AS i
+CROSS JOIN LATERAL (
+    SELECT * FROM (
+        SELECT true AS by_idempotency_key, {_JOB_COLUMNS} FROM conveyor_job AS j
+        WHERE j.idempotency_key = i.idempotency_key
+        UNION ALL
+        SELECT false, {_JOB_COLUMNS} FROM conveyor_job AS j WHERE {_holds_key_of("j", "i")}
+    ) AS candidates
+    ORDER BY by_idempotency_key DESC
+    LIMIT 1
+) AS found
 """
+
+# Debounce (on_duplicate = 'replace'). Each call's holder is found through the
+# unique index and written by primary key; the guard (not started, still
+# holding the key) is evaluated again on the row's latest version under its
+# lock, so a CLAIM that committed first wins and the job is left alone. The
+# lock lasts until the caller commits, and CLAIM skips the row (SKIP LOCKED)
+# until then, so no worker runs the job with arguments not yet committed.
+ENQUEUE_REPLACE = f"""
+WITH input AS (
+    SELECT * FROM jsonb_to_recordset(%(rows)s::jsonb)
+        AS t(ord int, unique_key text, unique_period float8, args jsonb, kwargs jsonb,
+             run_after timestamptz, calls int)
+), holders AS (
+    SELECT i.*, h.id
+    FROM input AS i
+    CROSS JOIN LATERAL (
+        SELECT j.id FROM conveyor_job AS j
+        WHERE {_holds_key_of("j", "i")} AND j.state IN ('blocked', 'available')
+        LIMIT 1
+    ) AS h
+)
+UPDATE conveyor_job AS j
+SET args = h.args, kwargs = h.kwargs, run_after = COALESCE(h.run_after, now()),
+    enqueued_run_after = h.run_after,
+    uniqueness = j.uniqueness || jsonb_build_object(
+        'replaced', COALESCE((j.uniqueness ->> 'replaced')::int, 0) + h.calls,
+        'replaced_at', now())
+FROM holders AS h
+WHERE j.id = h.id AND j.state IN ('blocked', 'available') AND {_HOLDS_KEY.format(j="j")}
+RETURNING h.ord, {_JOB_COLUMNS},
+    CASE WHEN %(notify)s AND j.state = 'available' AND j.run_after <= now()
+         THEN pg_notify(%(channel)s, j.queue) END
+"""
+
+MAX_ENQUEUE_PASSES = 20  # Over the calls of one round whose key holder keeps changing.
 
 
 def enqueue(cursor: Cursor, jobs: Sequence[NewJob], *, notify: bool) -> list[Enqueued]:
@@ -280,6 +375,15 @@ def enqueue(cursor: Cursor, jobs: Sequence[NewJob], *, notify: bool) -> list[Enq
     `IdempotencyKeyReused` is raised. Nothing was written for that job, and
     no statement failed, so the caller's transaction stays usable.
 
+    Unique jobs: a call whose unique key another job holds (in that job's
+    blocking states) is not inserted either; it returns that job, and with
+    on_duplicate="replace" a holder that has not started takes the call's
+    arguments and run_after (ENQUEUE_REPLACE). The idempotency key is
+    checked first. The calls of a batch are answered as if made one after
+    another (unique.fold), with one statement of each kind per pass, none
+    per call. A call whose holder left its states between two statements is
+    inserted again.
+
     Dependencies are read and share-locked first (LOCK_DEPENDENCIES); a job
     with unsatisfied ones is inserted `blocked` with their count, and its
     edges are written in the same transaction. Refused before anything is
@@ -289,63 +393,249 @@ def enqueue(cursor: Cursor, jobs: Sequence[NewJob], *, notify: bool) -> list[Enq
     (`TooManyDependencies`).
     """
     pending = pending_dependencies(cursor, jobs)
-    rows = [
-        _labelled(
-            {
-                "task_path": j.task_path,
-                "args": j.args,
-                "kwargs": j.kwargs,
-                "queue": j.queue,
-                "backend": j.backend,
-                "priority": j.priority,
-                "max_attempts": j.max_attempts,
-                "run_after": j.run_after.isoformat() if j.run_after else None,
-                "idempotency_key": j.idempotency_key,
-                "ord": i,
-                "pending": pending[i],
-                "policy": j.dependency_policy,
-                **({"gate": j.gate} if j.gate is not None else {}),
-            },
-            j,
-        )
-        for i, j in enumerate(jobs)
-    ]
+    if not any(job.unique or job.idempotency_key for job in jobs):
+        # No key can refuse a row: one statement, each call its own job, as ever.
+        rows = [_row(job, job, i, pending[i]) for i, job in enumerate(jobs)]
+        cursor.execute(ENQUEUE, {"rows": _json(rows), "notify": notify, "channel": NOTIFY_CHANNEL})
+        ordered = [Enqueued(r[0], r[2], r[3], created=True, state=r[4]) for r in cursor.fetchall()]
+    else:
+        results: dict[int, Enqueued] = {}
+        for entries in fold([(job.idempotency_key, job.unique) for job in jobs]):
+            for entry, outcome in _resolve(cursor, jobs, pending, entries, notify).items():
+                _answer(jobs, entry, outcome, results)
+        ordered = [results[i] for i in range(len(jobs))]
+    _add_edges(cursor, jobs, ordered)
+    return ordered
+
+
+class _Outcome(NamedTuple):
+    """What became of an entry's first call: its job, written now or found."""
+
+    enqueued: Enqueued  # As the first call gets it.
+    wrote: bool  # The entry's arguments are in the job (inserted or replaced).
+    by_idempotency_key: bool = False  # Found by the first call's idempotency key.
+
+
+def _resolve(
+    cursor: Cursor, jobs: Sequence[NewJob], pending: list[int], entries: list[Entry], notify: bool
+) -> dict[Entry, _Outcome]:
+    """Take one round's entries through ENQUEUE, ENQUEUE_REPLACE and the read of
+    ENQUEUED_JOBS, pass after pass, until each has an outcome."""
+    outcomes: dict[Entry, _Outcome] = {}
+    to_insert, to_replace = list(entries), []
+    for _ in range(MAX_ENQUEUE_PASSES):
+        to_read: list[Entry] = []
+        for entry, outcome in _insert(cursor, jobs, pending, to_insert, notify).items():
+            if outcome is not None:
+                outcomes[entry] = outcome
+            elif jobs[entry.first].idempotency_key is None and entry.replacers:
+                to_replace.append(entry)  # Only its unique key can have refused it.
+            else:
+                to_read.append(entry)
+        replaced = enqueue_replace(cursor, jobs, to_replace, notify)
+        outcomes.update(replaced)
+        to_read += [entry for entry in to_replace if entry not in replaced]
+        to_insert, to_replace = [], []
+        for entry, (by_idempotency_key, row) in _read(cursor, jobs, to_read).items():
+            if row is None:
+                to_insert.append(entry)  # The holder left its states: the key is free.
+            elif not by_idempotency_key and entry.replacers and row["state"] in PENDING_STATES:
+                to_replace.append(entry)  # A newer holder that has not started.
+            else:
+                outcomes[entry] = _Outcome(_found(row), False, by_idempotency_key)
+        if not to_insert and not to_replace:
+            return outcomes
+    raise UniqueKeyContended(
+        f"The jobs holding the unique keys of {len(to_insert) + len(to_replace)} call(s) "
+        f"changed state {MAX_ENQUEUE_PASSES} times while they were enqueued; nothing was "
+        "decided for them. Enqueue them again."
+    )
+
+
+PENDING_STATES = ("blocked", "available")  # Not started: what ENQUEUE_REPLACE may write.
+
+
+def _insert(
+    cursor: Cursor, jobs: Sequence[NewJob], pending: list[int], entries: list[Entry], notify: bool
+) -> dict[Entry, _Outcome | None]:
+    """ENQUEUE for these entries: each one's outcome, None where a key refused its row."""
+    if not entries:
+        return {}
+    rows = []
+    for entry in entries:
+        job, source = jobs[entry.first], jobs[entry.arguments_of(inserting=True)]
+        row = _row(job, source, entry.first, pending[entry.first])
+        if job.unique is not None:
+            row["unique_key"] = job.unique.key
+            row["unique_states"] = job.unique.states
+            if job.unique.period is not None:
+                row["unique_period"] = job.unique.period
+            info = job.unique.info
+            if replaced := len([i for i in entry.replacers if i != entry.first]):
+                info = {**info, "replaced": replaced}
+            row["uniqueness"] = info
+        rows.append(row)
     cursor.execute(ENQUEUE, {"rows": _json(rows), "notify": notify, "channel": NOTIFY_CHANNEL})
     inserted = cursor.fetchall()
-    by_key = {row[1]: (row[0], *row[2:5]) for row in inserted if row[1] is not None}
-    unkeyed = iter([(row[0], *row[2:5]) for row in inserted if row[1] is None])
-    missing = [
-        j.idempotency_key for j in jobs if j.idempotency_key and j.idempotency_key not in by_key
-    ]
-    existing: dict[str, tuple[Any, ...]] = {}
-    if missing:
-        cursor.execute(EXISTING_BY_KEY, {"keys": missing})
-        existing = {row[1]: row for row in fetch_all(cursor)}  # Any row, as it is.
-    results: list[Enqueued] = []
-    seen: dict[str, NewJob] = {}
-    for job in jobs:
-        key = job.idempotency_key
-        if key is None:
-            id_, at, after, state = next(unkeyed)
-            results.append(Enqueued(id_, at, after, created=True, state=state))
-        elif key in by_key and key not in seen:
-            seen[key] = job
-            id_, at, after, state = by_key[key]
-            results.append(Enqueued(id_, at, after, created=True, state=state))
+    # By their keys (one entry per key in a round), the others in order.
+    by_key = {(row[1], row[5]): row for row in inserted if row[1] or row[5]}
+    unkeyed = iter([row for row in inserted if not (row[1] or row[5])])
+    outcomes: dict[Entry, _Outcome | None] = {}
+    for entry in entries:
+        job = jobs[entry.first]
+        key = (job.idempotency_key, job.unique.key if job.unique else None)
+        row = next(unkeyed) if key == (None, None) else by_key.get(key)
+        if row is None:
+            outcomes[entry] = None
+            continue
+        written = None
+        if len(entry.members) > 1:  # The later calls get the job as written, without a read.
+            written = _written(job, jobs[entry.arguments_of(inserting=True)], row)
+        outcomes[entry] = _Outcome(
+            Enqueued(row[0], row[2], row[3], created=True, state=row[4], row=written), True
+        )
+    return outcomes
+
+
+def _row(job: NewJob, source: NewJob, ord_: int, pending: int) -> dict[str, Any]:
+    """A row of ENQUEUE's input: the job, with `source`'s arguments and run_after.
+
+    A job without `unique` sends what it always did; the unique columns
+    (absent, so NULL) are added by the caller.
+    """
+    row = {
+        "task_path": job.task_path,
+        "args": source.args,
+        "kwargs": source.kwargs,
+        "queue": job.queue,
+        "backend": job.backend,
+        "priority": job.priority,
+        "max_attempts": job.max_attempts,
+        "run_after": source.run_after.isoformat() if source.run_after else None,
+        "idempotency_key": job.idempotency_key,
+        "ord": ord_,
+        "pending": pending,
+        "policy": job.dependency_policy,
+        **({"gate": job.gate} if job.gate is not None else {}),
+    }
+    return _labelled(row, job)
+
+
+def _written(job: NewJob, source: NewJob, row: Sequence[Any]) -> dict[str, Any]:
+    """The columns (JOB_COLUMNS) of a job ENQUEUE just inserted, from what it sent."""
+    id_, _, enqueued_at, run_after, state, _, _ = row
+    return {
+        "id": id_,
+        "task_path": job.task_path,
+        "args": source.args,
+        "kwargs": source.kwargs,
+        "queue": job.queue,
+        "backend": job.backend,
+        "priority": job.priority,
+        "state": state,
+        "run_after": run_after,
+        "enqueued_run_after": source.run_after,
+        "errors": [],
+        "return_value": None,
+        "enqueued_at": enqueued_at,
+        "started_at": None,
+        "finished_at": None,
+        "lease_owner": None,
+    }
+
+
+def enqueue_replace(
+    cursor: Cursor, jobs: Sequence[NewJob], entries: list[Entry], notify: bool
+) -> dict[Entry, _Outcome]:
+    """ENQUEUE_REPLACE for these entries: those whose holder took their arguments."""
+    if not entries:
+        return {}
+    rows = []
+    for entry in entries:
+        unique, source = jobs[entry.first].unique, jobs[entry.arguments_of(inserting=False)]
+        assert unique is not None  # An entry with replacers has a unique key.
+        rows.append(
+            {
+                "ord": entry.first,
+                "unique_key": unique.key,
+                "unique_period": unique.period,
+                "args": source.args,
+                "kwargs": source.kwargs,
+                "run_after": source.run_after.isoformat() if source.run_after else None,
+                "calls": len(entry.replacers),
+            }
+        )
+    cursor.execute(
+        ENQUEUE_REPLACE, {"rows": _json(rows), "notify": notify, "channel": NOTIFY_CHANNEL}
+    )
+    written = {row[0]: _job_row(row[1:-1]) for row in fetch_all(cursor)}
+    return {
+        entry: _Outcome(_found(written[entry.first]), True)
+        for entry in entries
+        if entry.first in written
+    }
+
+
+def _read(
+    cursor: Cursor, jobs: Sequence[NewJob], entries: list[Entry]
+) -> dict[Entry, tuple[bool, dict[str, Any] | None]]:
+    """ENQUEUED_JOBS for these entries: (found by idempotency key, the job's row or None)."""
+    if not entries:
+        return {}
+    rows = []
+    for entry in entries:
+        job = jobs[entry.first]
+        rows.append(
+            {
+                "ord": entry.first,
+                "idempotency_key": job.idempotency_key,
+                "unique_key": job.unique.key if job.unique else None,
+                "unique_period": job.unique.period if job.unique else None,
+            }
+        )
+    cursor.execute(ENQUEUED_JOBS, {"rows": _json(rows)})
+    found = {row[0]: (bool(row[1]), _job_row(row[2:])) for row in fetch_all(cursor)}
+    return {entry: found.get(entry.first, (False, None)) for entry in entries}
+
+
+def _job_row(values: Sequence[Any]) -> dict[str, Any]:
+    row = dict(zip(JOB_COLUMNS, values, strict=True))
+    for column in ("args", "kwargs", "errors", "return_value"):
+        row[column] = loads_or_unreadable(row[column], column)
+    return row
+
+
+def _found(row: dict[str, Any]) -> Enqueued:
+    return Enqueued(
+        row["id"], row["enqueued_at"], row["run_after"], created=False, state=row["state"], row=row
+    )
+
+
+def _answer(
+    jobs: Sequence[NewJob], entry: Entry, outcome: _Outcome, results: dict[int, Enqueued]
+) -> None:
+    """Each call of the entry gets the outcome: the first as it came, the others its job.
+
+    A call that met an idempotency key must be the call that key names.
+    """
+    first = outcome.enqueued
+    for index in entry.members:
+        job = jobs[index]
+        if job.idempotency_key and (index != entry.first or outcome.by_idempotency_key):
+            named = first.row or _call_of(jobs[entry.first])  # The job as found, or as written.
+            _check_same_operation(job.idempotency_key, first.id, job, named["task_path"],
+                                  named["args"], named["kwargs"], named["queue"])  # fmt: skip
+        replacer = outcome.wrote and index in entry.replacers
+        if index != entry.first:
+            results[index] = replace(first, created=False, replaced=replacer)
+        elif first.created:  # Without the row its later calls get.
+            results[index] = first if first.row is None else replace(first, row=None)
         else:
-            if key in seen:
-                first = seen[key]
-                _check_same_operation(key, by_key[key][0], job, first.task_path, first.args,
-                                      first.kwargs, first.queue)  # fmt: skip
-                id_, at, after, _ = by_key[key]
-            else:
-                id_, _, at, after, task_path, args, kwargs, queue = existing[key]
-                args = loads_or_unreadable(args, "args")
-                kwargs = loads_or_unreadable(kwargs, "kwargs")
-                _check_same_operation(key, id_, job, task_path, args, kwargs, queue)
-            results.append(Enqueued(id_, at, after, created=False))
-    _add_edges(cursor, jobs, results)
-    return results
+            results[index] = replace(first, replaced=replacer) if replacer else first
+
+
+def _call_of(job: NewJob) -> dict[str, Any]:
+    return {"task_path": job.task_path, "args": job.args, "kwargs": job.kwargs, "queue": job.queue}
 
 
 def _labelled(row: dict[str, Any], job: NewJob) -> dict[str, Any]:
@@ -1067,9 +1357,20 @@ def prune(cursor: Cursor, *, older_than_seconds: float, queues: Sequence[str], l
 # -- Operators: requeue and cancel, for the admin, the CLI, the API and code -----------------------
 
 
+def _same_key(a: str, b: str) -> str:
+    """SQL: jobs `a` and `b` have one unique key and window."""
+    return (
+        f"{a}.unique_key = {b}.unique_key AND COALESCE({a}.unique_window, {_NO_WINDOW})"
+        f" = COALESCE({b}.unique_window, {_NO_WINDOW})"
+    )
+
+
 # A job with dependencies comes back `blocked` and REBLOCK_DEPENDENTS counts
 # them. One whose dependency (policy 'cancel') is itself failed, dead or
-# cancelled is refused: requeue that dependency, and this job follows.
+# cancelled is refused: requeue that dependency, and this job follows. A
+# unique job whose key another job holds is refused too (two jobs would hold
+# one key); of requeued jobs sharing a key, only the first (lowest id) comes
+# back.
 REQUEUE = f"""
 UPDATE conveyor_job AS j
 SET state = CASE WHEN EXISTS (SELECT 1 FROM conveyor_dependency AS d WHERE d.job_id = j.id)
@@ -1088,6 +1389,14 @@ WHERE j.id = ANY(%(ids)s) AND j.state IN ('failed', 'dead', 'cancelled')
   AND NOT (j.dependency_policy = 'cancel' AND EXISTS (
       SELECT 1 FROM conveyor_dependency AS d JOIN conveyor_job AS p ON p.id = d.depends_on_id
       WHERE d.job_id = j.id AND p.state IN ('failed', 'dead', 'cancelled')))
+  AND (j.unique_key IS NULL OR (
+      NOT EXISTS (
+          SELECT 1 FROM conveyor_job AS o
+          WHERE o.id <> j.id AND {_same_key("o", "j")} AND {_HOLDS_KEY.format(j="o")})
+      AND j.id = (
+          SELECT min(c.id) FROM conveyor_job AS c
+          WHERE c.id = ANY(%(ids)s) AND c.state IN ('failed', 'dead', 'cancelled')
+            AND {_same_key("c", "j")})))
 RETURNING j.id, j.queue
 """
 
@@ -1100,19 +1409,78 @@ def requeue(
 ) -> list[int]:
     """Give failed, dead or cancelled jobs a fresh set of attempts.
 
-    Guard: state failed, dead or cancelled, and no dependency (policy
-    'cancel') failed, dead or cancelled; other ids are left alone and
-    missing from the result. Clears a cancel request; notes it in history.
+    Guard: state failed, dead or cancelled, no dependency (policy 'cancel')
+    failed, dead or cancelled, and no other job holding its unique key
+    (`key_holders()` names it); other ids are left alone and missing from
+    the result. Clears a cancel request; notes it in history.
     A job with dependencies comes back `blocked` until they complete, and
     the dependents its failure cancelled come back too (REBLOCK_DEPENDENTS).
     """
-    cursor.execute(REQUEUE, {"ids": list(ids), "actor": actor})
-    rows = cursor.fetchall()
+    rows = _requeued(cursor, list(ids), actor)
     reblock_dependents(cursor, ids=[id_ for id_, _ in rows], notify=notify, actor=actor)
     if notify:
         for queue in sorted({queue for _, queue in rows}):
             cursor.execute(NOTIFY, {"channel": NOTIFY_CHANNEL, "queue": queue})
     return [id_ for id_, _ in rows]
+
+
+UNIQUE_VIOLATION = "23505"  # SQLSTATE
+REQUEUE_TRIES = 3
+
+
+def _requeued(cursor: Cursor, ids: list[int], actor: str) -> list[tuple[int, str]]:
+    """REQUEUE, again if need be. A unique key taken by a transaction that committed
+    after REQUEUE's snapshot makes PostgreSQL refuse the row (unique_violation):
+    REQUEUE then runs again, sees that holder, and leaves the job alone. Inside a
+    transaction it runs in a savepoint, so the refusal does not end it."""
+    savepoint = _in_transaction(cursor)
+    for attempt in range(REQUEUE_TRIES):
+        if savepoint:
+            cursor.execute("SAVEPOINT conveyor_requeue")
+        try:
+            cursor.execute(REQUEUE, {"ids": ids, "actor": actor})
+            rows = cursor.fetchall()
+        except Exception as exc:
+            if savepoint:
+                cursor.execute("ROLLBACK TO SAVEPOINT conveyor_requeue")
+            if not _is_unique_violation(exc) or attempt == REQUEUE_TRIES - 1:
+                raise
+            continue
+        if savepoint:
+            cursor.execute("RELEASE SAVEPOINT conveyor_requeue")
+        return rows
+    raise AssertionError("unreachable")
+
+
+def _in_transaction(cursor: Cursor) -> bool:
+    """Whether the cursor's connection is inside a transaction (Django's cursor or psycopg's)."""
+    raw = getattr(cursor, "cursor", cursor)
+    return raw.connection.info.transaction_status != pq.TransactionStatus.IDLE
+
+
+def _is_unique_violation(exc: BaseException) -> bool:
+    """psycopg's error, or Django's wrapper of it."""
+    return UNIQUE_VIOLATION in (
+        getattr(exc, "sqlstate", None),
+        getattr(exc.__cause__, "sqlstate", None),
+    )
+
+
+# A read, for the operator's message: the job holding the unique key of each job.
+KEY_HOLDERS = f"""
+SELECT j.id, o.id, o.state
+FROM conveyor_job AS j
+JOIN conveyor_job AS o ON o.id <> j.id AND {_same_key("o", "j")} AND {_HOLDS_KEY.format(j="o")}
+WHERE j.id = ANY(%(ids)s) AND j.unique_key IS NOT NULL
+"""
+
+
+def key_holders(cursor: Cursor, *, ids: Sequence[int]) -> dict[int, tuple[int, str]]:
+    """For those of these jobs whose unique key another job holds: (its id, its state)."""
+    if not ids:
+        return {}
+    cursor.execute(KEY_HOLDERS, {"ids": list(ids)})
+    return {id_: (holder, state) for id_, holder, state in cursor.fetchall()}
 
 
 _CANCELLED_ENTRY = _error_entry(
@@ -1740,6 +2108,7 @@ ACTIONS = {
     "GATE_TIMEOUT": gate_timeout,
     "CHECKPOINT": checkpoint,
     "HEARTBEAT_PROGRESS": heartbeat_progress,
+    "ENQUEUE_REPLACE": enqueue_replace,
 }
 
 

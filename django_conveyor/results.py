@@ -33,7 +33,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ConveyorTaskResult(TaskResult):
-    created: bool = True  # False when an idempotency key returned an existing job.
+    created: bool = True  # False when an idempotency or unique key returned an existing job.
+    replaced: bool = False  # That job took this call's arguments (on_duplicate="replace").
     state: str = JobState.AVAILABLE  # The job's own state, finer than `status`.
     # Observability (docs/observability.md): the job's labels, and the
     # progress its running handler last reported (None until one did).

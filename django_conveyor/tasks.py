@@ -1,7 +1,7 @@
 """The backend's Task class, its workflow `Step`, a `task` decorator with its options, the resolver.
 
-`ConveyorTask` adds per-task `max_attempts`, `timeout`, backoff bounds and a
-per-call `idempotency_key` to the standard Task. The decorator works on
+`ConveyorTask` adds per-task `max_attempts`, `timeout`, backoff bounds, a
+per-call `idempotency_key` and `unique` (unique.py) to the standard Task. The decorator works on
 Django 6.0, 6.1 and the 5.2 backport alike, because it builds the backend's
 task class itself instead of relying on keyword forwarding.
 """
@@ -26,6 +26,7 @@ from .compat import (
 )
 from .exceptions import UnknownTask
 from .observability.labels import combined_tags, meta_problem, tags_problem
+from .unique import Unique
 
 OPTION_NAMES = (
     "max_attempts",
@@ -36,6 +37,7 @@ OPTION_NAMES = (
     "dependency_policy",
     "tags",
     "meta",
+    "unique",
 )
 DEPENDENCY_POLICIES = ("cancel", "run")
 # Read by the worker from the task itself, so a per-call value could not reach it.
@@ -57,6 +59,7 @@ class ConveyorTask(Task):
     # Observability (docs/observability.md): labels stored on the job row.
     tags: tuple[str, ...] = ()  # The task's, then each .using()'s, duplicates dropped.
     meta: dict[str, Any] | None = field(default=None, hash=False)  # Per call, .using().
+    unique: Unique | None = None  # One job per key among chosen states (docs/unique-jobs.md).
 
     def __post_init__(self) -> None:
         if isinstance(self.tags, list):  # @task(tags=[...]): kept as a tuple, like .using()'s.
@@ -71,11 +74,13 @@ class ConveyorTask(Task):
         depends_on: Iterable[Any] | None = None,
         tags: Iterable[str] | None = None,
         meta: dict[str, Any] | None = None,
+        unique: Unique | bool | None = None,
         **changes: Any,
     ) -> ConveyorTask:
         """Like Task.using(), plus `max_attempts`, `idempotency_key`, `depends_on`
         (results or result ids of jobs already enqueued), `dependency_policy`,
-        `tags` (added to the task's) and `meta` (merged over earlier .using()'s)."""
+        `tags` (added to the task's), `meta` (merged over earlier .using()'s) and
+        `unique` (a `Unique`, or False for none on this call)."""
         per_task = sorted(set(changes) & set(PER_TASK_OPTIONS))
         if per_task:
             raise TypeError(
@@ -97,6 +102,8 @@ class ConveyorTask(Task):
             extra["meta"] = {**(self.meta or {}), **meta}
         task = Task.using(self, **changes) if changes else self
         extra = {k: v for k, v in extra.items() if v is not None}
+        if unique is not None:
+            extra["unique"] = None if unique is False else unique  # validate_task checks it.
         return replace(task, **extra) if extra else task
 
     def step(self, *args: Any, **kwargs: Any) -> Step:

@@ -14,13 +14,16 @@ from collections.abc import Iterator
 
 import pytest
 from django.contrib.auth.models import User
+from django.db import connection
 from django.urls import reverse
 
+from django_conveyor import protocol
 from django_conveyor.admin import dashboard
 from django_conveyor.models import Job
 from tests.chromium import CHROMIUM_ARGS, chromium_path
 from tests.factories import JobFactory
 from tests.helpers import REPO, wait_until
+from tests.testapp import tasks
 
 pytestmark = [
     pytest.mark.browser,
@@ -207,6 +210,31 @@ def test_a_workflow_on_the_job_page_and_as_a_graph(page, live_server):
     shot(page, "workflow-graph")
     page.click(f"g.conveyor-node[data-job='{charge.id}']")
     page.wait_for_url(live_server.url + reverse("admin:conveyor_job_change", args=[int(charge.id)]))
+
+
+def test_from_a_unique_jobs_page_to_the_job_holding_its_key(page, live_server):
+    """Unique jobs: the key on the job page finds every job that held it, and the holder."""
+    first = tasks.unique_add.enqueue(1, 2)
+    with connection.cursor() as cur:
+        protocol.cancel(cur, ids=[int(first.id)])
+    holder = tasks.unique_add.enqueue(1, 2)
+    page.goto(live_server.url + reverse("admin:conveyor_job_change", args=[first.id]))
+    key = page.inner_text("#conveyor-unique-key")
+    assert key == Job.objects.get(pk=first.id).unique_key
+    assert f"job {holder.id} (available)" in page.inner_text("#conveyor-key-holder")
+    shot(page, "unique-job-page")
+    page.click("#conveyor-requeue")
+    page.click("#conveyor-confirm-yes")
+    page.wait_for_selector("ul.messagelist")
+    assert f"held by job {holder.id} (available)" in page.inner_text("ul.messagelist")
+    assert Job.objects.get(pk=first.id).state == "cancelled"
+    page.click("#conveyor-jobs-with-key")
+    page.wait_for_selector("#result_list")
+    assert page.locator("#result_list tbody tr").count() == 2
+    page.goto(live_server.url + reverse("admin:conveyor_job_change", args=[first.id]))
+    page.click("#conveyor-key-holder a")
+    page.wait_for_selector("#conveyor-key-holder")
+    assert "by this job (available)" in page.inner_text("#conveyor-key-holder")
 
 
 def test_approve_reject_and_signal_gates_on_the_waiting_page(page, live_server):

@@ -34,10 +34,17 @@ def test_cancel_by_ids_and_dry_run(capsys):
 @pytest.mark.parametrize(
     ("args", "message"),
     [
-        (["requeue"], "Select jobs with --ids, --state, --queue, --task or --search."),
+        (
+            ["requeue"],
+            "Select jobs with --ids, --state, --queue, --task, --search or --unique-key.",
+        ),
         (["requeue", "--search", "colour:blue"], "--search: Unknown search field 'colour'"),
         (["requeue", "--search", 'meta.a:"open'], "--search: A quoted value is not closed"),
         (["requeue", "--search", "  "], "--search needs at least one term"),
+        (
+            ["cancel", "--unique-key", "ABC"],
+            "--unique-key takes a job's unique key (64 lowercase hex digits), not 'ABC'.",
+        ),
         (["requeue", "--state", "running"], "Cannot requeue jobs in state 'running'"),
         (["cancel", "--ids", "1,x"], "--ids takes comma-separated job ids, not '1,x'."),
     ],

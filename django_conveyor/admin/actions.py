@@ -173,6 +173,8 @@ def confirm_or_perform(
         changed += len(done)
         if done:
             modeladmin.message_user(request, step.done.format(n=len(done)), messages.SUCCESS)
+        if step.operation == "requeue":
+            report_held_keys(modeladmin, request, targets.filter(state__in=step.states))
     if not changed:
         modeladmin.message_user(request, f"No job was {action.past}.", messages.WARNING)
     if selected is not None and selected > changed:
@@ -180,6 +182,34 @@ def confirm_or_perform(
             request, action.skipped.format(n=selected - changed), messages.WARNING
         )
     return None
+
+
+HELD_KEYS_SHOWN = 10  # Refused jobs named in the message; the rest are counted.
+
+
+def report_held_keys(
+    modeladmin: admin.ModelAdmin, request: HttpRequest, left: QuerySet[Job]
+) -> None:
+    """Name the jobs REQUEUE refused because a newer job holds their unique key."""
+    keyed = list(
+        left.filter(unique_key__isnull=False).order_by("id").values_list("id", flat=True)[:1000]
+    )
+    database = conveyor_settings().DATABASE
+    holders = operations.key_holders(keyed, database=database) if keyed else {}
+    if not holders:
+        return
+    named = "; ".join(
+        f"job {job_id}: held by job {holder} ({state})"
+        for job_id, (holder, state) in sorted(holders.items())[:HELD_KEYS_SHOWN]
+    )
+    more = len(holders) - HELD_KEYS_SHOWN
+    modeladmin.message_user(
+        request,
+        f"Not requeued: {len(holders)} job(s) whose unique key another job holds ({named}"
+        f"{f'; and {more} more' if more > 0 else ''}). Two jobs cannot hold one key: cancel "
+        "the job that holds it, or wait for it to finish, then requeue.",
+        messages.WARNING,
+    )
 
 
 def selection_size(request: HttpRequest) -> int | None:

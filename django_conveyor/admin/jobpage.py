@@ -1,20 +1,22 @@
-"""What the job page shows besides the columns: attempts, history, payloads."""
+"""What the job page shows besides the columns: attempts, history, payloads, uniqueness."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import urlencode
 
 from django.utils.dateparse import parse_datetime
 from django.utils.html import format_html, format_html_join
 
+from .. import operations
 from ..bounds import instant_breach
 from ..models import Job, JobLog
 from ..observability.progress import Progress
 from ..states import JobState
+from ..unique import Kept
 
 CANCELLED = "django_conveyor.exceptions.Cancelled"
 LEASE_LOST = "django_conveyor.exceptions.LeaseLost"
@@ -185,4 +187,45 @@ def progress_bar(job: Job) -> str:
         f": {progress.message}" if progress.message else "",
         progress.attempt if progress.attempt is not None else "?",
         when,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Uniqueness:
+    """A unique job's key, what it was made of, and which job holds it now."""
+
+    key: str
+    window_start: datetime | None
+    window_end: datetime | None
+    period: int | None
+    by: list[str]
+    value: Any  # What the callable of `by` returned (derived from the arguments).
+    states: list[str]
+    on_duplicate: str
+    replaced: int
+    replaced_at: datetime | None
+    holds_it: bool  # This job holds the key now.
+    holder: tuple[int, str] | None  # Else the job that does, and its state (None: no job).
+
+
+def uniqueness(job: Job, database: str) -> Uniqueness | None:
+    if job.unique_key is None:
+        return None
+    kept = Kept.of(job.uniqueness)
+    start = job.unique_window
+    holds_it = job.state in Kept.states_of(job.unique_states)
+    holder = None if holds_it else operations.key_holders([job.pk], database=database).get(job.pk)
+    return Uniqueness(
+        key=job.unique_key,
+        window_start=start,
+        window_end=start + timedelta(seconds=kept.period) if start and kept.period else None,
+        period=kept.period,
+        by=kept.by,
+        value=kept.value,
+        states=Kept.states_of(job.unique_states),
+        on_duplicate=kept.on_duplicate,
+        replaced=kept.replaced,
+        replaced_at=_time(kept.replaced_at),
+        holds_it=holds_it,
+        holder=holder,
     )

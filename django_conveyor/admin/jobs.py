@@ -13,7 +13,7 @@ from typing import Any
 from django.contrib import admin, messages
 from django.contrib.admin.utils import quote
 from django.contrib.admin.views.main import ChangeList
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 from django.db.models.expressions import RawSQL
 from django.http import Http404, HttpRequest
 from django.template.response import TemplateResponse
@@ -23,10 +23,11 @@ from django.utils.safestring import mark_safe
 
 from .. import operations
 from ..conf import conveyor_settings
-from ..models import DeadLetter, Job, LedgerEntry, Worker
+from ..models import DeadLetter, Job, LedgerEntry, Worker, unique_key_is
 from ..observability import search
 from ..states import CANCELLABLE_STATES, REQUEUEABLE_STATES, JobState
 from ..tasks import known_task_paths
+from ..unique import KEY_FORMAT
 from . import jobpage, workflow
 from .actions import cancel_jobs, job_page_action, requeue_jobs
 from .base import EstimatedCountPaginator, ReadOnlyAdmin, can_view_payloads
@@ -137,7 +138,8 @@ class JobAdmin(ReadOnlyAdmin):
     search_help_text = mark_safe(
         "<code>tag:tenant:42</code> <code>meta.request_id:ab12</code> "
         "<code>args.0:COFFEE-1KG</code> <code>kwargs.customer_id:42</code> "
-        "<code>key:order-7</code>, or a job id, idempotency key or part of a task's path; "
+        "<code>key:order-7</code>, or a job id, idempotency key, unique key or part of a "
+        "task's path; "
         "all terms must match. See the search syntax in the observability docs."
     )
     sortable_by = ("id",)  # Sorting by anything else would sort the whole table.
@@ -154,6 +156,9 @@ class JobAdmin(ReadOnlyAdmin):
         self, request: HttpRequest, queryset: QuerySet[Job], search_term: str
     ) -> tuple[QuerySet[Job], bool]:
         """The search syntax of docs/observability.md#search, on the filtered list."""
+        term = search_term.strip()
+        if KEY_FORMAT.fullmatch(term):  # A unique key: every job of it, through its two indexes.
+            return queryset.filter(Q(idempotency_key=term) | unique_key_is(term)), False
         try:
             found = search.parse(search_term)
         except search.InvalidSearch as exc:
@@ -281,6 +286,8 @@ class JobAdmin(ReadOnlyAdmin):
                 or (job.state == JobState.RUNNING and job.cancel_requested_at is None),
                 requeue_url=reverse("admin:conveyor_job_requeue", args=[job.pk]),
                 workflow=workflow.neighbours(job, conveyor_settings().DATABASE),
+                uniqueness=jobpage.uniqueness(job, conveyor_settings().DATABASE),
+                jobs_with_key_url=reverse("admin:conveyor_job_changelist"),
                 workflow_url=reverse("admin:conveyor_job_workflow", args=[job.pk]),
                 cancel_url=reverse("admin:conveyor_job_cancel", args=[job.pk]),
             )

@@ -12,6 +12,7 @@ from __future__ import annotations
 import inspect
 import logging
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 from django.http import HttpRequest, HttpResponse
@@ -33,6 +34,7 @@ from ..results import parse_result_id, result_id
 from ..serialization import text_problem
 from ..states import CANCELLABLE_STATES, REQUEUEABLE_STATES, JobState
 from ..tasks import known_task_paths
+from ..unique import Kept, Unique
 from . import listing
 from .allowlist import NotAllowed, UnknownTask, allow_list
 from .auth import credentials
@@ -47,6 +49,7 @@ from .schemas import (
     QueueOut,
     SignalIn,
     StateName,
+    UniqueIn,
 )
 from .schemas import Problem as ProblemOut
 
@@ -107,6 +110,27 @@ def job_out(job: Job, database: str) -> dict[str, Any]:
         "gate_deadline": job.gate_deadline,
         "progress": _progress(job.progress),
         "meta": job.meta if isinstance(job.meta, dict) else {},
+        "unique": unique_out(job),
+    }
+
+
+def unique_out(job: Job) -> dict[str, Any] | None:
+    """A unique job's key and what it was made of (UniqueOut); None without a key."""
+    if job.unique_key is None:
+        return None
+    kept = Kept.of(job.uniqueness)
+    window = job.unique_window
+    return {
+        "key": job.unique_key,
+        "window_start": window,
+        "window_end": window + timedelta(seconds=kept.period) if window and kept.period else None,
+        "period": kept.period,
+        "by": kept.by,
+        "value": kept.value,
+        "states": Kept.states_of(job.unique_states),
+        "on_duplicate": kept.on_duplicate,
+        "replaced": kept.replaced,
+        "replaced_at": kept.replaced_at,
     }
 
 
@@ -181,6 +205,8 @@ def _called(task: Task, body: EnqueueIn, key: str | None) -> Task:
         changes["run_after"] = body.run_after
     if key is not None:
         changes["idempotency_key"] = key
+    if body.unique is not None:
+        changes["unique"] = body.unique and _unique(body.unique)
     try:
         task = task.using(**changes) if changes else task
     except InvalidTask as exc:
@@ -192,6 +218,15 @@ def _called(task: Task, body: EnqueueIn, key: str | None) -> Task:
             except InvalidTask as exc:
                 raise field_problem(name, str(exc)) from None
     return task
+
+
+def _unique(body: UniqueIn) -> Unique:
+    try:
+        return Unique(
+            by=body.by, period=body.period, states=body.states, on_duplicate=body.on_duplicate
+        )
+    except InvalidTask as exc:
+        raise field_problem("unique", str(exc)) from None
 
 
 def _created_job(task: Task, result: Any, key: str | None) -> dict[str, Any]:
@@ -215,6 +250,7 @@ def _created_job(task: Task, result: Any, key: str | None) -> dict[str, Any]:
         "errors": [],
         "tags": list(result.tags),
         "meta": result.meta,
+        "unique": None,
     }
 
 
@@ -238,7 +274,10 @@ def enqueue_job(
     ),
 ) -> Status:
     """201 with the new job; 200 with the existing job when the Idempotency-Key was seen
-    with the same task, arguments and queue; 409 when it was seen with another call."""
+    with the same task, arguments and queue, or when the call's unique key is held by a
+    job (`unique`, or the task's own): that job, with its new arguments under
+    on_duplicate 'replace' if it had not started; 409 when the Idempotency-Key was seen
+    with another call."""
     if idempotency_key is not None and not 0 < len(idempotency_key) <= MAX_IDEMPOTENCY_KEY_LENGTH:
         raise field_problem(
             "Idempotency-Key",
@@ -258,10 +297,10 @@ def enqueue_job(
     except ArgumentsNotSerializable as exc:
         raise field_problem("args", str(exc)) from None
     response["Location"] = _location(result.id)
-    if result.created:
+    if result.created and getattr(task, "unique", None) is None:
         return Status(201, _created_job(task, result, idempotency_key))
-    database, job = _job(result.id)
-    return Status(200, job_out(job, database))
+    database, job = _job(result.id)  # Read back: the key's window comes from the database.
+    return Status(201 if result.created else 200, job_out(job, database))
 
 
 @router.get(
@@ -324,6 +363,11 @@ def list_jobs(
         "terms a page looks at a bounded window of the newest jobs (SEARCH_SCAN_ROWS): it "
         "may hold fewer than `limit` jobs and still have a `next_cursor`.",
     ),
+    unique_key: str | None = Query(
+        None,
+        pattern="^[0-9a-f]{64}$",
+        description="Only jobs with this unique key (every job that held it, in every window).",
+    ),
     cursor: str | None = Query(None, description="`next_cursor` of the previous page."),
     limit: int = Query(DEFAULT_PAGE_SIZE, ge=1, le=MAX_PAGE_SIZE),
 ) -> dict[str, Any]:
@@ -345,12 +389,19 @@ def list_jobs(
     window = settings.SEARCH_SCAN_ROWS if found.windowed(database, task) else None
     jobs, next_before = listing.page(
         database, state=state, queue=queue, task=task, before=before, limit=limit,
-        where=where, window=window,
+        where=where, window=window, unique_key=unique_key,
     )  # fmt: skip
     return {
         "items": [job_summary(job, database) for job in jobs],
         "next_cursor": listing.encode_cursor(next_before) if next_before else None,
     }
+
+
+def _key_holder(database: str, job: Job) -> tuple[int, str] | None:
+    """The job that holds this job's unique key, if another does."""
+    if job.unique_key is None:
+        return None
+    return operations.key_holders([job.id], database=database).get(job.id)
 
 
 def _conflict(job_id: str, job: Job, verb: str, allowed: frozenset[JobState]) -> Problem:
@@ -375,6 +426,15 @@ def _operate(
     # The job's history records who asked: "api:<key name>" or "admin:<username>".
     changed = action([job.id], database=database, actor=request.auth.actor)
     job.refresh_from_db(using=database)
+    if not changed and job.state in allowed and (holder := _key_holder(database, job)):
+        holder_id, holder_state = holder
+        raise Problem(
+            409,
+            f"Job {job_id} was not {verb}: its unique key is held by job "
+            f"{result_id(database, holder_id)} ({holder_state}); two jobs cannot hold one key. "
+            "Cancel that job, or wait for it to finish, then requeue this one.",
+            job_id=job_id,
+        )
     if not changed and job.state in allowed:  # REQUEUE's dependency guard refused it.
         raise Problem(
             409,

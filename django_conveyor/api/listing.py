@@ -13,7 +13,9 @@ its branch, so the planner knows from the statistics which pairs are rare
 (read from the index range) and which hold most of the table (read from
 the primary key backwards, which fills a page as fast). Without either
 filter the primary key is read backwards. The `task` filter is applied
-inside those reads.
+inside those reads. With `unique_key` (unique jobs), the page is read from
+the key's two indexes (`models.unique_key_is`), the other filters applied
+to the few jobs of that key.
 """
 
 from __future__ import annotations
@@ -22,11 +24,13 @@ import base64
 import binascii
 import functools
 import json
+import re
 from typing import Any
 
 from django.db import connections
+from django.db.models import QuerySet
 
-from ..models import Job
+from ..models import Job, unique_key_is
 from ..queue_counts import QUEUES_IN_STATE
 from ..readable import select_list
 from ..states import JobState
@@ -121,16 +125,37 @@ def query(
     return sql, params
 
 
+def _of_key(
+    database: str, unique_key: str, *, state: str | None, queue: str | None,
+    task: str | None, before: int, limit: int, where: tuple[str, dict[str, Any]] | None = None,
+) -> QuerySet[Job]:  # fmt: skip
+    jobs = Job.objects.using(database).filter(unique_key_is(unique_key), id__lt=before)
+    for name, value in (("state", state), ("queue", queue), ("task_path", task)):
+        if value:
+            jobs = jobs.filter(**{name: value})
+    if where is not None:  # A search's predicate, its named parameters made positional.
+        sql, named = where
+        order = re.findall(r"%\((\w+)\)s", sql)
+        jobs = jobs.extra(where=[re.sub(r"%\(\w+\)s", "%s", sql)], params=[named[n] for n in order])
+    return jobs.order_by("-id")[:limit]
+
+
 def page(
     database: str, *, limit: int, window: int | None = None, **filters: Any
 ) -> tuple[list[Job], int | None]:
     """One page (newest first) and the cursor id of the next, or None on the last.
 
-    `filters` are those of `query()`: state, queue, task, before and where.
+    `filters` are those of `query()`: state, queue, task, before and where, and
+    unique_key (every job of that key, read through its two indexes: no window).
     `window`: look at no more than this many of the newest jobs the other
     filters select; if the page is not full by then, the cursor points below
     them, so the next page goes on with the next window.
     """
+    if unique_key := filters.pop("unique_key", None):
+        jobs = list(_of_key(database, unique_key, limit=limit + 1, **filters))
+        if len(jobs) > limit:
+            return jobs[:limit], jobs[limit - 1].id
+        return jobs, None
     floor = None
     if window is not None:
         plain = {k: v for k, v in filters.items() if k != "where"}

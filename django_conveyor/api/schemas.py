@@ -8,12 +8,60 @@ from typing import Any, Literal
 from ninja import Field, Schema
 from pydantic import AwareDatetime, ConfigDict
 
+from ..bounds import MAX_SECONDS
 from ..compat import TASK_MAX_PRIORITY, TASK_MIN_PRIORITY
 from ..states import JobState
+from ..unique import KEY_LENGTH, OPTIONAL_STATES, PARTS, REQUIRED_STATES
 
 StateName = Literal[tuple(s.value for s in JobState)]  # type: ignore[valid-type]
+PartName = Literal[PARTS]  # type: ignore[valid-type]
 MAX_PAGE_SIZE = 200
 DEFAULT_PAGE_SIZE = 50
+
+
+class UniqueIn(Schema):
+    """Unique jobs (docs/unique-jobs.md): at most one job per key among `states`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    by: list[PartName] = Field(
+        default_factory=lambda: list(PARTS),
+        min_length=1,
+        description="Which parts of the call make two calls the same job; 'task' is always one.",
+    )
+    period: int | None = Field(
+        None,
+        ge=1,
+        le=int(MAX_SECONDS),
+        strict=True,
+        description="Seconds: calls in the same bucket of UTC time (rounded down to a multiple "
+        "of the period) are the same job. Null: no period.",
+    )
+    states: list[StateName] = Field(
+        default_factory=lambda: list(REQUIRED_STATES),
+        description="States in which an existing job holds the key: blocked, available and "
+        f"running, and any of {', '.join(OPTIONAL_STATES)}.",
+    )
+    on_duplicate: Literal["skip", "replace"] = Field(
+        "skip",
+        description="'skip': return the existing job. 'replace': an existing job that has not "
+        "started takes this call's arguments and run_after (debounce).",
+    )
+
+
+class UniqueOut(Schema):
+    """A unique job's key and what it was made of."""
+
+    key: str = Field(max_length=KEY_LENGTH, description="Hex SHA-256 of the parts `by` names.")
+    window_start: datetime | None = Field(description="Start of the period bucket; null: none.")
+    window_end: datetime | None
+    period: int | None
+    by: list[str] = Field(description="The parts, and a callable's dotted name.")
+    value: Any = Field(None, description="What the callable of `by` returned.")
+    states: list[str]
+    on_duplicate: str
+    replaced: int = Field(0, description="Calls whose arguments replaced this job's.")
+    replaced_at: datetime | None = None
 
 
 class EnqueueIn(Schema):
@@ -46,6 +94,11 @@ class EnqueueIn(Schema):
     )
     meta: dict[str, Any] | None = Field(
         None, description="Metadata (a JSON object of at most 4,096 bytes; `meta.<key>:` in `q`)."
+    )
+    unique: UniqueIn | Literal[False] | None = Field(
+        None,
+        description="One job per key among chosen states; false: none for this call; "
+        "absent or null: the task's own.",
     )
 
 
@@ -110,6 +163,7 @@ class JobOut(JobSummary):
     meta: dict[str, Any] = Field(
         default_factory=dict, description="The job's metadata (with `traceparent` if traced)."
     )
+    unique: UniqueOut | None = Field(None, description="Null: the job has no unique key.")
 
 
 class SignalIn(Schema):

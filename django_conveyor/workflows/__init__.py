@@ -32,7 +32,9 @@ from asgiref.sync import sync_to_async
 from django.db import connections, transaction
 
 from .. import protocol
+from ..backend import UNIQUE_WITH_DEPENDENCIES
 from ..bounds import EARLIEST_INSTANT, MAX_SECONDS, instant_breach, seconds_breach
+from ..compat import InvalidTask
 from ..conf import conveyor_settings
 from ..exceptions import DependencyCycle, DependencyInOtherDatabase, TooManyDependencies
 from ..results import ConveyorTaskResult
@@ -134,6 +136,8 @@ class Workflow:
         jobs = []
         for index, step in enumerate(steps):
             job = step.task.get_backend().new_job(step.task, step.args, step.kwargs)
+            if job.unique is not None and edges[index]:
+                raise InvalidTask(UNIQUE_WITH_DEPENDENCIES.format(name=step.task.name))
             if step.gate is not None:
                 job = replace(job, gate=step.gate)
             wanted = len(set(job.depends_on)) + len(edges[index])

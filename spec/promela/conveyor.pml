@@ -26,6 +26,9 @@
  *   -DGATES          job 1 is a gate after job 0, job 2 waits for it: SIGNAL,
  *                    CONDITION_MET, GATE_TIMEOUT; jobs record one
  *                    checkpointed step (CHECKPOINT)
+ *   -DUNIQUE         unique jobs: three calls with one unique key, enqueued
+ *                    while the workers run; call 0 skips a duplicate, calls
+ *                    1 and 2 replace it (ENQUEUE_REPLACE); REQUEUE's key guard
  * Sizes and budgets can be overridden: -DNJ=n -DMAX_ATTEMPTS=n
  * -DCRASH_BUDGET=n -DFREEZE_BUDGET=n -DRELEASE_BUDGET=n -DSNOOZE_BUDGET=n
  * -DREQUEUE_BUDGET=n -DCANCEL_BUDGET=n -DPRUNE_BUDGET=n -DRENEW_BUDGET=n.
@@ -35,7 +38,8 @@
  * dependents_wait, unblock_fenced, counter_exact, cascade_cause, operator_cancel,
  * cancel_honoured,
  * one_job_per_tick, gate_never_claimed, gate_once, gate_after_upstream,
- * checkpoint_once; liveness all_final, every_tick.
+ * checkpoint_once, unique_key_held, duplicate_of_holder, replace_pending;
+ * liveness all_final, every_tick.
  *
  * Mutations (spec/mutations.toml) edit the macros below in a copy of this
  * file; none is kept here.
@@ -153,6 +157,31 @@
 #ifdef CRON
 #  define NJ 0                  /* the schedule only: no job runs */
 #  define MAX_TICK 3
+#endif
+
+#ifdef UNIQUE
+#  ifndef NJ
+#  define NJ 3
+#  endif
+#  ifndef MAX_ATTEMPTS
+#  define MAX_ATTEMPTS 1
+#  endif
+#  define NO_ATOMIC             /* handlers without context.atomic() */
+#  ifndef REQUEUE_BUDGET
+#  define REQUEUE_BUDGET 1
+#  endif
+#  ifndef REQUEST_BUDGET
+#  define REQUEST_BUDGET 1
+#  endif
+#  ifndef CRASH_BUDGET
+#  define CRASH_BUDGET 0
+#  endif
+#  ifndef RELEASE_BUDGET
+#  define RELEASE_BUDGET 0
+#  endif
+#  ifndef SNOOZE_BUDGET
+#  define SNOOZE_BUDGET 0
+#  endif
 #endif
 
 #ifndef NJ
@@ -302,6 +331,13 @@ byte ckpt_count[MAXJ];          /* ghost: step records committed */
 byte step_effect[MAXJ];         /* ghost: committed writes of the checkpointed step */
 byte h_gate_early = 0;          /* gate waits ended before their upstream was satisfied */
 byte h_stale_step = 0;          /* step records committed by a non-holder */
+/* ---------------- unique jobs: the keyed calls ------------------------- */
+#define CALL_IDLE     0           /* not made yet, or to be inserted again */
+#define CALL_CONFLICT 1           /* its ENQUEUE met the key; next statement pending */
+#define CALL_FOLDED   2           /* answered with the job that holds the key */
+byte ucall[MAXJ];
+byte h_fold = 0;                /* calls answered while no job held their key */
+byte h_replace = 0;             /* replaces that wrote a job that had started */
 
 /* ---------------- the workers' beliefs --------------------------------- */
 byte v_job[NK] = NOJOB;
@@ -382,6 +418,22 @@ byte cron_jobs[MAX_TICK + 1];   /* jobs inserted per tick */
 #define GUARD_CHECKPOINT(k, j) (FENCE(k, j) && !cancel_req[j])
 #define CKPT_READ(j) (ckpt[j] == 0)          /* the handler's read of the ledger */
 #define CKPT_UNIQUE(j) (ckpt[j] == 0)        /* unique (job, effect key) */
+
+/* unique jobs: every job of the model (0..NJ-1) is a call with one key,
+ * held while blocked, available or running; the partial unique index
+ * (unique_key IS NOT NULL AND unique_states @> ARRAY[state]) holds a row
+ * while its state is one of them                                         */
+#ifdef UNIQUE
+#define KEYED(x) ((x) < NJ)
+#define REPLACING(x) ((x) >= 1)
+#else
+#define KEYED(x) false
+#define REPLACING(x) false
+#endif
+#define INDEXED(x) (KEYED(x) && (jstate[x] == BLOCKED || jstate[x] == AVAILABLE || jstate[x] == RUNNING))
+#define KEY_TAKEN(j) (KEYED(j) && (((j) != 0 && INDEXED(0)) || ((j) != 1 && INDEXED(1)) || \
+                                   ((j) != 2 && INDEXED(2)) || ((j) != 3 && INDEXED(3))))
+#define REPLACE_GUARD(x) (jstate[x] == BLOCKED || jstate[x] == AVAILABLE)
 #define CASCADE_IF_REFUSED(j) skip
 
 #define AFTER_FAILURE(j) (attempt[j] >= MAX_ATTEMPTS -> DEAD : AVAILABLE)
@@ -451,6 +503,15 @@ byte cron_jobs[MAX_TICK + 1];   /* jobs inserted per tick */
 #define GATES_OK (GATE_NEVER_OK && GATE_ONCE_OK && GATE_UPSTREAM_OK && CKPT_OK)
 
 #define OPERATOR_OK (h_operator == 0)
+/* unique jobs, written out (not through INDEXED): at most one keyed job in
+ * the blocking states; no call answered while none held the key; no
+ * replace of a job that had started                                      */
+#define HOLDS(x) (KEYED(x) && (jstate[x] == BLOCKED || jstate[x] == AVAILABLE || jstate[x] == RUNNING))
+#define HELD_BY_OTHER(j) (((j) != 0 && HOLDS(0)) || ((j) != 1 && HOLDS(1)) || \
+                          ((j) != 2 && HOLDS(2)) || ((j) != 3 && HOLDS(3)))
+#define UNIQUE_OK ((HOLDS(0) + HOLDS(1) + HOLDS(2) + HOLDS(3)) <= 1)
+#define DUP_OK (h_fold == 0)
+#define REPLACE_OK (h_replace == 0)
 /* a job with a cancel request never ends completed */
 #define NOT_DONE_J(j) (!cancel_req[j] || jstate[j] != COMPLETED)
 #define CANCEL_OK (h_cancelled_effect == 0 && h_rerun == 0 && \
@@ -1056,11 +1117,12 @@ end_loop:
 
 /* REQUEUE: failed/dead/cancelled -> available or blocked, attempt 0, with
  * REBLOCK_DEPENDENTS; refused for a policy-'cancel' job whose dependency
- * failed (requeue that one instead)                                      */
+ * failed (requeue that one instead), and for a keyed job whose key another
+ * job holds                                                              */
 #define DEPS_ALIVE(j) (RUN_ANYWAY(j) || ((!DEP(j, 0) || !DOOMED(jstate[0])) && \
                        (!DEP(j, 1) || !DOOMED(jstate[1])) && (!DEP(j, 2) || !DOOMED(jstate[2]))))
 #define REQUEUE(j) \
-  :: atomic { requeues_left > 0 && DOOMED(jstate[j]) && DEPS_ALIVE(j) -> \
+  :: atomic { requeues_left > 0 && DOOMED(jstate[j]) && DEPS_ALIVE(j) && !KEY_TAKEN(j) -> \
        requeues_left--; requeue(j); printf("REQUEUE    job %d -> state %d\n", j, jstate[j]) }
 
 /* CANCEL: blocked/available -> cancelled, with CANCEL_DEPENDENTS */
@@ -1135,12 +1197,69 @@ end_loop:
   od
 }
 
+/* ---------------- unique jobs: the callers ---------------------------- */
+
+/* ENQUEUE of a keyed call: INSERT ... ON CONFLICT DO NOTHING; a row whose
+ * key the unique index holds is not inserted, and the call goes on to its
+ * next statement                                                         */
+#define ENQUEUE_KEYED(j) \
+  :: atomic { jstate[j] == ABSENT && ucall[j] == CALL_IDLE -> \
+       if \
+       :: KEY_TAKEN(j) -> ucall[j] = CALL_CONFLICT \
+       :: else -> jstate[j] = AVAILABLE \
+       fi; printf("ENQUEUE    call %d -> state %d call %d\n", j, jstate[j], ucall[j]) }
+
+/* the call ends: folded into the job that holds its key (it must hold it),
+ * or back to ENQUEUE, to be inserted now                                  */
+#define ANSWER(j, fold) \
+  if \
+  :: (fold) -> ucall[j] = CALL_FOLDED; if :: !HELD_BY_OTHER(j) -> h_fold++ :: else -> skip fi \
+  :: else -> ucall[j] = CALL_IDLE \
+  fi
+
+/* on_duplicate 'skip': the read of the job holding the key, a statement
+ * of its own after the INSERT (FoldDuplicate)                             */
+#define FOLD_DUPLICATE(j) \
+  :: atomic { ucall[j] == CALL_CONFLICT && !REPLACING(j) -> ANSWER(j, KEY_TAKEN(j)) }
+
+/* ENQUEUE_REPLACE: on_duplicate 'replace': UPDATE ... SET args, run_after
+ * WHERE unique_key AND unique_states @> ARRAY[state] AND state IN
+ * ('blocked', 'available'), re-checked under the row lock; then the key is
+ * read again: a running holder is left alone, none and the call is
+ * inserted again                                                          */
+#define ENQUEUE_REPLACE(j) \
+  :: atomic { ucall[j] == CALL_CONFLICT && REPLACING(j) -> \
+       x = 0; \
+       do \
+       :: x < NJ -> \
+            if \
+            :: x != j && INDEXED(x) && REPLACE_GUARD(x) && \
+               !(jstate[x] == BLOCKED || jstate[x] == AVAILABLE) -> h_replace++ \
+            :: else -> skip \
+            fi; x++ \
+       :: else -> break \
+       od; \
+       x = 0; ANSWER(j, KEY_TAKEN(j)); \
+       printf("ENQUEUE_REPLACE call %d -> call %d\n", j, ucall[j]) }
+
+proctype Enqueuer() {
+  byte x = 0;
+end_loop:
+  do
+  ENQUEUE_KEYED(0) ENQUEUE_KEYED(1) ENQUEUE_KEYED(2)
+  FOLD_DUPLICATE(0) FOLD_DUPLICATE(1) FOLD_DUPLICATE(2)
+  ENQUEUE_REPLACE(0) ENQUEUE_REPLACE(1) ENQUEUE_REPLACE(2)
+  od
+}
+
 /* ENQUEUE: INSERT INTO conveyor_job (state 'available', or 'blocked' with
  * pending_dependencies = its unfinished dependencies).  All jobs are
- * enqueued before the workers start, dependencies first.                 */
+ * enqueued before the workers start, dependencies first (with -DUNIQUE
+ * the Enqueuer makes the keyed calls while the workers run).              */
 init {
   byte i = 0;
   atomic {
+#ifndef UNIQUE
     do
     :: i < NJ ->
          pending[i] = UNSAT_COUNT(i);
@@ -1148,6 +1267,9 @@ init {
          i++
     :: else -> break
     od;
+#else
+    run Enqueuer();
+#endif
     i = 0;
     run Worker0();
     run Worker1();
@@ -1174,7 +1296,7 @@ T0: do \
 
 INVARIANT(safety, LEASE_OK && FENCED && EFFECT_OK && LOCK_OK && CRASH_OK && WAIT_OK && UNBLOCK_OK
                   && COUNT_OK && WF_OK && OPERATOR_OK && CANCEL_OK && TICKS_OK
-                  && GATES_OK)
+                  && GATES_OK && UNIQUE_OK && DUP_OK && REPLACE_OK)
 INVARIANT(lease_exclusive, LEASE_OK)
 INVARIANT(fenced_writes, FENCED)
 INVARIANT(effect_once, EFFECT_OK)
@@ -1191,6 +1313,9 @@ INVARIANT(gate_never_claimed, GATE_NEVER_OK)
 INVARIANT(gate_once, GATE_ONCE_OK)
 INVARIANT(gate_after_upstream, GATE_UPSTREAM_OK)
 INVARIANT(checkpoint_once, CKPT_OK)
+INVARIANT(unique_key_held, UNIQUE_OK)
+INVARIANT(duplicate_of_holder, DUP_OK)
+INVARIANT(replace_pending, REPLACE_OK)
 
 /* Liveness, as never claims of the negated formulas (as spin writes them):
  * all_final is <>[] ALL_FINAL (every job ends final and stays so), and

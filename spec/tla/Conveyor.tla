@@ -7,7 +7,7 @@
 (*                                                                         *)
 (*   ENQUEUE  CLAIM  CLAIM_ISOLATED  HEARTBEAT  LOCK_FOR_EFFECT  COMPLETE  *)
 (*   RECORD_RESULT  RETRY  FAIL  SNOOZE  RELEASE  REAP  REQUEUE  CANCEL    *)
-(*   PRUNE  REQUEST_CANCEL  CANCEL_HELD  CRON_ENQUEUE                      *)
+(*   PRUNE  REQUEST_CANCEL  CANCEL_HELD  CRON_ENQUEUE  ENQUEUE_REPLACE     *)
 (*   HEARTBEAT_PROGRESS (issue 24): HEARTBEAT with handlers' progress      *)
 (*   UNBLOCK, CANCEL_DEPENDENTS, REBLOCK_DEPENDENTS: the statements that   *)
 (*   run in the same transaction as COMPLETE, as the writes that make a    *)
@@ -16,7 +16,8 @@
 (* Actions in CamelCase are not SQL: the handler's own effect (Effect),    *)
 (* a worker starting a claimed job (Start), PostgreSQL ending a guarded    *)
 (* transaction whose session went quiet (TxnTimeout), time (Tick, Clock),  *)
-(* faults (Crash, Freeze, Thaw) and a scheduler reading its schedule.      *)
+(* faults (Crash, Freeze, Thaw), a scheduler reading its schedule and the  *)
+(* read that answers a duplicate call (FoldDuplicate).                     *)
 (*                                                                         *)
 (* Each feature is switched on by constants, so that a configuration can   *)
 (* check one feature in a state space small enough for TLC:                *)
@@ -30,6 +31,8 @@
 (*   Gates,           durable waits (issue 27): steps no handler runs,     *)
 (*   Checkpoints      satisfied by SIGNAL, CONDITION_MET or GATE_TIMEOUT;  *)
 (*                    resumable steps recorded by CHECKPOINT               *)
+(*   Uniq             unique jobs (issue 23): keyed calls, the unique      *)
+(*                    index, debounce (ENQUEUE_REPLACE)                    *)
 (*                                                                         *)
 (* Ghost state, for the properties only, records what the protocol is     *)
 (* supposed to achieve without reading the columns its guards compare:     *)
@@ -69,9 +72,19 @@ CONSTANTS
     SignalBudget,   \* signals sent (to any gate, at any time) per behaviour
     Checkpoints     \* TRUE: a handler may record one resumable step (context.checkpoint)
 
+\* ---- unique jobs (issue 23): Uniq.key[j] is the unique key of job j's call
+\* (NoKey: none), Uniq.states the states in which a keyed job holds its key,
+\* Uniq.replace the keyed calls with on_duplicate = 'replace'.
+CONSTANTS Uniq
+
 Final     == {"completed", "failed", "dead", "cancelled"}
+NoKey     == "none"     \* unique_key IS NULL
 Doomed    == {"failed", "dead", "cancelled"}
-States    == {"absent", "blocked", "available", "running", "pruned"} \cup Final
+\* A keyed call that inserted no row: its ENQUEUE met the key and its next
+\* statement is pending (conflict), or it was answered with the job that
+\* holds the key (folded).  Like absent and pruned, not a state of a row.
+Calls     == {"conflict", "folded"}
+States    == {"absent", "blocked", "available", "running", "pruned"} \cup Final \cup Calls
 Phases    == {"claimed", "run", "locked", "effect", "aborted", "done"}
 Workflows == \E j \in Jobs : Deps[j] # {}
 
@@ -90,6 +103,8 @@ ASSUME
     /\ Deps \in [Jobs -> SUBSET Jobs] /\ RunAnyway \subseteq Jobs
     /\ Gates \subseteq Jobs /\ ContinueOnTimeout \subseteq Gates
     /\ SignalBudget \in Nat /\ Checkpoints \in BOOLEAN
+    /\ Uniq.states \subseteq States /\ Uniq.replace \subseteq Jobs
+    /\ \A j \in Jobs : Uniq.key[j] # NoKey => Deps[j] = {}   \* refused at the edge
 
 VARIABLES
     \* ---- conveyor_job, one row per job ----
@@ -395,6 +410,25 @@ ReblockLevels(st, F, Q) ==
 REBLOCK_DEPENDENTS(j, st) == ReblockLevels(st, {j}, {j})
 
 -----------------------------------------------------------------------------
+(* Unique jobs: the unique index *)
+
+\* The partial unique index conveyor_job_unique_key_uniq holds the rows for
+\* which its predicate is true:
+\*   unique_key IS NOT NULL AND unique_states @> ARRAY[state]
+\* It reads the row's own state, so every statement that moves a keyed job
+\* out of its blocking states frees the key in the same step (the new row
+\* version has no entry), and one that moves it back in must find the key
+\* free (REQUEUE's guard).  The properties below say what the index is for
+\* without reading Indexed, so that a mutation of it is caught.
+Indexed(x)  == Uniq.key[x] # NoKey /\ jstate[x] \in Uniq.states
+Holders(j)  == {x \in Jobs \ {j} : Uniq.key[x] = Uniq.key[j] /\ Indexed(x)}
+KeyTaken(j) == Uniq.key[j] # NoKey /\ Holders(j) # {}
+
+\* INSERT ... ON CONFLICT DO NOTHING: a keyed row whose key the index holds is
+\* not inserted; the call goes on to its next statement.
+Inserted(j, st) == IF KeyTaken(j) THEN "conflict" ELSE st
+
+-----------------------------------------------------------------------------
 (* The protocol statements *)
 
 \* A job may be enqueued once its dependencies exist; one with policy
@@ -409,12 +443,14 @@ EnqueueAllowed(j) ==
 \* caller's transaction: no dependency completes, fails or is requeued
 \* between the count and the commit, so the model takes it as one step.
 \* 'blocked' with the count of dependencies not final, or 'available'.
+\* A keyed call (unique jobs) whose key the unique index holds inserts no
+\* row: ON CONFLICT DO NOTHING (Inserted).
 ENQUEUE(j) ==
     /\ jstate[j] = "absent"
     /\ EnqueueAllowed(j)
     /\ LET n == Cardinality(Unsat(j, jstate)) IN
-         /\ jstate'  = [jstate EXCEPT ![j] = IF n > 0 \/ j \in Gates THEN "blocked"
-                                             ELSE "available"]
+         /\ jstate'  = [jstate EXCEPT ![j] = Inserted(j, IF n > 0 \/ j \in Gates THEN "blocked"
+                                                      ELSE "available")]
          /\ pending' = [pending EXCEPT ![j] = n]
     /\ UNCHANGED <<attempt, owner, version, expired, lockedBy, isolated, cancelReq,
                    cause, ledger, business, held, frozen, ghost, left, cron>>
@@ -747,6 +783,7 @@ REAP(j) ==
 \*   cancel_requested_at = NULL
 \*   WHERE id AND state IN ('failed', 'dead', 'cancelled') AND NOT (policy
 \*   'cancel' AND a dependency is failed, dead or cancelled)
+\*   AND (unique_key IS NULL OR no other job holds the key)
 \* with REBLOCK_DEPENDENTS, which counts the requeued job's dependencies (it
 \* is available at 0) and brings back its dependents.  A job refused for a
 \* failed dependency comes back when that dependency is requeued.
@@ -754,6 +791,7 @@ REQUEUE(j) ==
     /\ left.requeue > 0
     /\ jstate[j] \in Doomed
     /\ ~(j \notin RunAnyway /\ \E d \in Deps[j] : jstate[d] \in Doomed)
+    /\ ~KeyTaken(j)     \* unique jobs: refused while another job holds its key
     /\ Spend("requeue")
     /\ LET js00 == [jstate EXCEPT ![j] = IF Deps[j] # {} THEN "blocked" ELSE "available"]
            js0 == IF j \in Gates THEN [js00 EXCEPT ![j] = "blocked"] ELSE js00  \* a gate
@@ -831,6 +869,56 @@ CRON_ENQUEUE(w) ==
     /\ seen'   = [seen EXCEPT ![w] = 0]
     /\ expect' = [expect EXCEPT ![w] = 0]
     /\ UNCHANGED <<row, held, frozen, ghost, left, now>>
+
+-----------------------------------------------------------------------------
+(* Unique jobs: the statements after a keyed call's ENQUEUE met its key *)
+
+\* The call ends: folded into the job that holds its key (the caller gets
+\* that job, created = False), or back to ENQUEUE, which inserts it now.
+\* Folding a call while no job holds its key in the blocking states (ghost
+\* check, written out) would lose it.
+HeldByOther(j) == \E x \in Jobs \ {j} : Uniq.key[x] = Uniq.key[j] /\ jstate[x] \in Uniq.states
+Answer(j, fold, more) ==
+    /\ jstate' = [jstate EXCEPT ![j] = IF fold THEN "folded" ELSE "absent"]
+    /\ alarms' = alarms \cup more
+                  \cup (IF fold /\ ~HeldByOther(j) THEN Raise("fold", "ENQUEUE", j) ELSE {})
+
+\* on_duplicate = 'skip': the read of the job holding the key, a statement
+\* of its own after the INSERT (a holder that committed while the INSERT
+\* waited for it is visible to it):
+\*   SELECT ... WHERE unique_key = <key> AND unique_states @> ARRAY[state]
+\* Found: the call returns it.  None (it left its states in between): the
+\* call is inserted again.
+FoldDuplicate(j) ==
+    /\ jstate[j] = "conflict"
+    /\ j \notin Uniq.replace
+    /\ Answer(j, KeyTaken(j), {})
+    /\ UNCHANGED <<attempt, owner, version, expired, lockedBy, isolated, cancelReq,
+                   pending, cause, ledger, business, held, frozen, claims, holder,
+                   liveGid, completer, lostTo, left, cron>>
+
+\* on_duplicate = 'replace' (debounce): the holder gets the call's arguments
+\* and run_after if it has not started:
+\*   UPDATE conveyor_job SET args, kwargs, run_after, ...
+\*   WHERE unique_key = <key> AND unique_states @> ARRAY[state]
+\*     AND state IN ('blocked', 'available')
+\* The guard is re-checked under the row lock, so a CLAIM that committed
+\* since the INSERT met the key wins (zero rows).  Then the key is read
+\* again: a holder that is running is left alone and the call folded into
+\* it (no new job: documented); none, and the call is inserted again.  The
+\* replaced row's arguments are not modelled; the alarm says the statement
+\* wrote a job that a worker may already run.
+ReplaceGuard(x) == jstate[x] \in {"blocked", "available"}
+ENQUEUE_REPLACE(j) ==
+    /\ jstate[j] = "conflict"
+    /\ j \in Uniq.replace
+    /\ LET replaced == {x \in Holders(j) : ReplaceGuard(x)} IN
+       Answer(j, KeyTaken(j),
+              {[kind |-> "replace", act |-> "ENQUEUE_REPLACE", job |-> x] :
+                 x \in {y \in replaced : jstate[y] \notin {"blocked", "available"}}})
+    /\ UNCHANGED <<attempt, owner, version, expired, lockedBy, isolated, cancelReq,
+                   pending, cause, ledger, business, held, frozen, claims, holder,
+                   liveGid, completer, lostTo, left, cron>>
 
 -----------------------------------------------------------------------------
 (* The handler, the server and the environment *)
@@ -946,7 +1034,7 @@ CronSync ==
 \* Every job is final (or was never enqueued, or a refused enqueue) and no
 \* tick is left: nothing more happens, which is not a deadlock.
 Finished ==
-    /\ \A j \in Jobs : \/ jstate[j] \in Final \cup {"pruned"}
+    /\ \A j \in Jobs : \/ jstate[j] \in Final \cup {"pruned", "folded"}
                        \/ jstate[j] = "absent" /\ ~EnqueueAllowed(j)
     /\ now = MaxTick /\ nextTick > MaxTick
     /\ UNCHANGED vars
@@ -1090,6 +1178,7 @@ WorkerStep(w) ==
 JobStep(j) ==
     \/ ENQUEUE(j) \/ REAP(j) \/ Tick(j) \/ REQUEUE(j) \/ CANCEL(j) \/ PRUNE(j)
     \/ REQUEST_CANCEL(j)
+    \/ FoldDuplicate(j) \/ ENQUEUE_REPLACE(j)     \* unique jobs
 
 CoreNext ==
     \/ \E w \in Workers : WorkerStep(w)
@@ -1252,6 +1341,10 @@ CancelHonoured ==
 OneJobPerTick ==
     \A t \in 1..MaxTick : cronJobs[t] <= 1 /\ (cronJobs[t] = 1 => t <= now)
 
+\* A keyed call's pseudo-states (Calls): ENQUEUE met the key, the call is
+\* answered with the holder or inserted again.
+CallEdges == {<<"absent", "conflict">>, <<"conflict", "folded">>, <<"conflict", "absent">>}
+
 \* The only transitions of DESIGN §3 (plus PRUNE's delete), and available ->
 \* blocked: REBLOCK_DEPENDENTS makes a 'run' dependent that no worker has
 \* claimed (state available, no lease, under its row lock, which CLAIM's
@@ -1266,10 +1359,26 @@ Edges ==
      <<"failed", "available">>, <<"dead", "available">>, <<"cancelled", "available">>,
      <<"failed", "blocked">>, <<"dead", "blocked">>, <<"cancelled", "blocked">>}
     \cup {<<f, "pruned">> : f \in Final}
+    \cup CallEdges   \* unique jobs: a keyed call that inserted no row
 
 LegalTransitions ==
     [][\A j \in Jobs : jstate'[j] # jstate[j] =>
          <<jstate[j], jstate'[j]>> \in Edges \cup (IF j \in Gates THEN GateEdges ELSE {})]_vars
+
+\* Unique jobs.  At most one job per unique key is in the key's blocking
+\* states (written out, not through Indexed: a mutation of the index must not
+\* change what the property means).
+UniqueKeyHeld ==
+    \A x, y \in Jobs :
+        (/\ x # y /\ Uniq.key[x] # NoKey /\ Uniq.key[x] = Uniq.key[y]
+         /\ jstate[x] \in Uniq.states /\ jstate[y] \in Uniq.states) => FALSE
+
+\* A call is answered without a job of its own only while another job holds
+\* its key in the blocking states: a job that left them freed the key.
+DuplicateOfHolder == ~Alarmed("fold")
+
+\* A replace (debounce) writes only a job that has not started.
+ReplacePending == ~Alarmed("replace")
 
 \* Liveness: a job that is waiting or running eventually ends final (or is
 \* pruned after it did); every tick of the schedule eventually has its job
@@ -1309,7 +1418,8 @@ THEOREM Spec => [](GateNeverClaimed /\ GateOnce /\ GateAfterUpstream /\ Checkpoi
 THEOREM Spec => [](TypeOK /\ LeaseExclusive /\ FencedWrites /\ EffectOnce /\ LockHeld
                    /\ CrashContained /\ DependentsWait /\ CounterExact
                    /\ NoDoomedBlocked /\ CascadeCause /\ OperatorCancelStands
-                   /\ CancelHonoured /\ OneJobPerTick)
+                   /\ CancelHonoured /\ OneJobPerTick
+                   /\ UniqueKeyHeld /\ DuplicateOfHolder /\ ReplacePending)
 THEOREM Spec => LegalTransitions /\ UnblockFenced
 THEOREM Spec => AllEventuallyFinal /\ EveryTickEnqueued
 =============================================================================

@@ -18,7 +18,17 @@ CancelChain == [j \in Jobs |-> IF j = j2 THEN {j1} ELSE {}]
 \* Gates (issue 27): a chain j1 -> j2 -> j3 in which j2 is a gate.
 GateChain == [j \in Jobs |-> IF j = j2 THEN {j1} ELSE IF j = j3 THEN {j2} ELSE {}]
 
+\* Unique jobs (issue 23): off everywhere but in Unique.cfg.
+NoUnique == [key |-> [j \in Jobs |-> NoKey], states |-> {}, replace |-> {}]
+
+\* One key for every job's call, held while blocked, available or running;
+\* j1's call skips a duplicate, j2's and j3's replace it (debounce).
+OneKey == [key |-> [j \in Jobs |-> "k"], states |-> {"blocked", "available", "running"},
+           replace |-> {j2, j3}]
+
 \* Jobs and workers are interchangeable (safety runs only).
 JobsAndWorkers == {p @@ q : p \in Permutations(Jobs), q \in Permutations(Workers)}
 WorkersOnly    == Permutations(Workers)
+\* Unique.cfg: j2 and j3 (both replace) are interchangeable, and the workers.
+ReplacersAndWorkers == {p @@ q : p \in Permutations({j2, j3}), q \in Permutations(Workers)}
 =============================================================================

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from django.db import transaction
 
-from django_conveyor import Discard, Snooze, task
+from django_conveyor import Discard, Snooze, Unique, task
 
 from .models import Effect
 
@@ -370,6 +370,23 @@ def returns_once_cancel_requested(context):
             raise TimeoutError("no cancel request within 60s")
         time.sleep(0.02)
     return "returned after the request"
+
+
+# Unique jobs (docs/unique-jobs.md).
+@task(unique=Unique())
+def unique_add(a, b):
+    return a + b
+
+
+@task(unique=Unique(by=lambda account_id, **rest: account_id, on_duplicate="replace"))
+def debounced(account_id, note=""):
+    Effect.objects.create(job_id=0, token=0, worker="", label=f"debounced {account_id} {note}")
+    return note
+
+
+@task(unique=Unique(period=1, states=["blocked", "available", "running", "completed"]))
+def once_a_second(label):
+    return label
 
 
 def _write_step(label, job_id):

@@ -14,10 +14,11 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django_conveyor import operations
 from django_conveyor.conf import conveyor_settings
 from django_conveyor.management.arguments import storable
-from django_conveyor.models import Job
+from django_conveyor.models import Job, unique_key_is
 from django_conveyor.observability import search
 from django_conveyor.states import CANCELLABLE_STATES, REQUEUEABLE_STATES
 from django_conveyor.tasks import known_task_paths
+from django_conveyor.unique import KEY_FORMAT
 
 ACTIONS = {
     "requeue": (operations.requeue, REQUEUEABLE_STATES),
@@ -42,6 +43,14 @@ def search_terms(text: str) -> search.Search:
     return found
 
 
+def unique_key(text: str) -> str:
+    if not KEY_FORMAT.fullmatch(text):
+        raise CommandError(
+            f"--unique-key takes a job's unique key (64 lowercase hex digits), not {text!r}."
+        )
+    return text
+
+
 class Command(BaseCommand):
     help = "Requeue failed, dead or cancelled jobs, or cancel jobs that have not started."
 
@@ -60,6 +69,9 @@ class Command(BaseCommand):
             help="Only jobs this search finds (the admin's syntax: 'tag:tenant:42 meta.batch:7').",
         )
         parser.add_argument(
+            "--unique-key", type=unique_key, default=None, help="Only jobs of this unique key."
+        )
+        parser.add_argument(
             "--database", default=None, help="Alias (default CONVEYOR['DATABASE'])."
         )
         parser.add_argument(
@@ -75,8 +87,10 @@ class Command(BaseCommand):
                 f"Cannot {options['action']} jobs in state {options['state']!r}; "
                 f"choose one of: {names}."
             )
-        if not any(options[k] for k in ("ids", "state", "queue", "task", "search")):
-            raise CommandError("Select jobs with --ids, --state, --queue, --task or --search.")
+        if not any(options[k] for k in ("ids", "state", "queue", "task", "search", "unique_key")):
+            raise CommandError(
+                "Select jobs with --ids, --state, --queue, --task, --search or --unique-key."
+            )
         jobs = Job.objects.using(database).filter(
             state__in=[options["state"]] if options["state"] else list(allowed)
         )
@@ -91,6 +105,8 @@ class Command(BaseCommand):
             # older jobs it was asked for (--dry-run shows the count first).
             sql, params = options["search"].where(known_task_paths())
             jobs = jobs.extra(where=[sql], params=params)
+        if options["unique_key"]:
+            jobs = jobs.filter(unique_key_is(options["unique_key"]))
         ids = list(jobs.values_list("id", flat=True))
         if options["dry_run"]:
             self.stdout.write(f"Would {options['action']} {len(ids)} job(s).")
@@ -98,3 +114,12 @@ class Command(BaseCommand):
         changed = action(ids, database=database, actor="cli")
         verb = {"requeue": "Requeued", "cancel": "Cancelled"}[options["action"]]
         self.stdout.write(f"{verb} {len(changed)} job(s).")
+        if options["action"] == "requeue" and len(changed) < len(ids):
+            left = sorted(set(ids) - set(changed))
+            for job_id, (holder, state) in sorted(
+                operations.key_holders(left, database=database).items()
+            ):
+                self.stderr.write(
+                    f"Job {job_id} was not requeued: its unique key is held by job {holder} "
+                    f"({state}). Cancel that job, or wait for it to finish, then requeue."
+                )
