@@ -290,7 +290,7 @@ FROM inserted
 JOB_COLUMNS = (
     "id", "task_path", "args", "kwargs", "queue", "backend", "priority", "state", "run_after",
     "enqueued_run_after", "errors", "return_value", "enqueued_at", "started_at", "finished_at",
-    "lease_owner",
+    "lease_owner", "tags", "meta", "progress",
 )  # fmt: skip
 _JOB_COLUMNS = ", ".join(f"j.{column}" for column in JOB_COLUMNS)
 
@@ -541,6 +541,9 @@ def _written(job: NewJob, source: NewJob, row: Sequence[Any]) -> dict[str, Any]:
         "started_at": None,
         "finished_at": None,
         "lease_owner": None,
+        "tags": list(job.tags) if job.tags else None,
+        "meta": job.meta or None,
+        "progress": None,
     }
 
 
@@ -600,7 +603,7 @@ def _read(
 
 def _job_row(values: Sequence[Any]) -> dict[str, Any]:
     row = dict(zip(JOB_COLUMNS, values, strict=True))
-    for column in ("args", "kwargs", "errors", "return_value"):
+    for column in ("args", "kwargs", "errors", "return_value", "tags", "meta", "progress"):
         row[column] = loads_or_unreadable(row[column], column)
     return row
 
