@@ -8,6 +8,8 @@ job's log must hold its own lines and nothing else.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 from django.core.management import call_command
@@ -16,7 +18,7 @@ from django.db import connection
 from django_conveyor import protocol
 from django_conveyor.models import Job, JobLog
 from tests.factories import JobFactory
-from tests.helpers import kill_group, start_worker, stop_process, wait_until
+from tests.helpers import REPO, kill_group, start_worker, stop_process, wait_until
 from tests.testapp import observe_tasks as t
 
 pytestmark = pytest.mark.django_db(transaction=True, databases=["default", "shard"])
@@ -125,3 +127,29 @@ def test_the_api_returns_each_attempts_log(client, tmp_path):
         (1, ["api attempt 1"]),
         (2, ["api attempt 2"]),
     ]
+
+
+LIBRARY_ERROR = """
+import logging
+from django_conveyor.observability import joblogs
+joblogs.install(logging.WARNING if "{mode}" == "on" else None)
+logging.getLogger("some.library").error("boom from a library")
+logging.getLogger("some.library").info("quiet detail")
+"""
+
+
+@pytest.mark.parametrize("mode", ["on", "off"])
+def test_capturing_does_not_silence_an_unconfigured_loggers_errors(mode):
+    """Python prints a record no handler takes (logging.lastResort); the capture
+    handler on the root logger must not change that, as it did on Django 5.2,
+    where django-tasks' own traceback of a dead job then went unprinted."""
+    proc = subprocess.run(
+        [sys.executable, "-c", LIBRARY_ERROR.format(mode=mode)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.count("boom from a library") == 1, proc.stderr
+    assert "quiet detail" not in proc.stderr

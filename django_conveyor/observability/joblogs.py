@@ -63,11 +63,24 @@ class AttemptLog:
 
 
 class Capture(logging.Handler):
-    """The root logger's handler: each record to the attempt of its context, if any."""
+    """The root logger's handler: each record to the attempt of its context, if any.
+
+    It must not change what the process prints: a record no other handler
+    would see goes to `logging.lastResort` as if this handler were not there
+    (Python only uses it when no handler at all is found, so without this an
+    unconfigured library's errors would vanish from stderr once a worker ran).
+    """
+
+    def __init__(self, level: int) -> None:
+        super().__init__(logging.NOTSET)  # Every record, for the last resort; ours at `level`.
+        self.capture_level = level
 
     def emit(self, record: logging.LogRecord) -> None:
+        last_resort = logging.lastResort
+        if last_resort is not None and record.levelno >= last_resort.level and self._alone(record):
+            last_resort.handle(record)
         log = _current.get()
-        if log is None:
+        if log is None or record.levelno < self.capture_level:
             return
         try:
             message = self.format(record)
@@ -81,6 +94,15 @@ class Capture(logging.Handler):
                 "message": storable_text(message[:MAX_RECORD_CHARS]),
             }
         )
+
+    def _alone(self, record: logging.LogRecord) -> bool:
+        """No handler but this one is on the record's way up (Logger.callHandlers' walk)."""
+        logger: logging.Logger | None = logging.getLogger(record.name)
+        while logger is not None:
+            if any(handler is not self for handler in logger.handlers):
+                return False
+            logger = logger.parent if logger.propagate else None
+        return True
 
 
 _installed: Capture | None = None
