@@ -115,6 +115,8 @@ class TestFinding:
         assert [job["id"] for job in page["items"]] == [second["id"], first["id"]]
         only_done = api.get(JOBS, unique_key=first["unique"]["key"], state="completed").json()
         assert [job["id"] for job in only_done["items"]] == [first["id"]]
+        searched = api.get(JOBS, unique_key=first["unique"]["key"], q=first["id"]).json()
+        assert [job["id"] for job in searched["items"]] == [first["id"]]  # Both filters apply.
         assert field_errors(api.get(JOBS, unique_key="nothex"))
 
     def test_requeue_is_409_naming_the_job_that_holds_the_key(self, api, cur):

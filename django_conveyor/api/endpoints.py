@@ -385,7 +385,8 @@ def list_jobs(
         raise field_problem("q", str(exc), "query") from None
     settings = conveyor_settings()
     database = settings.database_for(queue) if queue else settings.DATABASE
-    where = found.where(known_task_paths(), named=True) if found else None
+    # Raw SQL pages take named parameters; a unique key's page is an ORM query.
+    where = found.where(known_task_paths(), named=unique_key is None) if found else None
     window = settings.SEARCH_SCAN_ROWS if found.windowed(database, task) else None
     jobs, next_before = listing.page(
         database, state=state, queue=queue, task=task, before=before, limit=limit,

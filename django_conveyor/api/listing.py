@@ -24,7 +24,6 @@ import base64
 import binascii
 import functools
 import json
-import re
 from typing import Any
 
 from django.db import connections
@@ -127,16 +126,14 @@ def query(
 
 def _of_key(
     database: str, unique_key: str, *, state: str | None, queue: str | None,
-    task: str | None, before: int, limit: int, where: tuple[str, dict[str, Any]] | None = None,
+    task: str | None, before: int, limit: int, where: tuple[str, list[Any]] | None = None,
 ) -> QuerySet[Job]:  # fmt: skip
     jobs = Job.objects.using(database).filter(unique_key_is(unique_key), id__lt=before)
     for name, value in (("state", state), ("queue", queue), ("task_path", task)):
         if value:
             jobs = jobs.filter(**{name: value})
-    if where is not None:  # A search's predicate, its named parameters made positional.
-        sql, named = where
-        order = re.findall(r"%\((\w+)\)s", sql)
-        jobs = jobs.extra(where=[re.sub(r"%\(\w+\)s", "%s", sql)], params=[named[n] for n in order])
+    if where is not None:  # A search's predicate, in its ORM form (`%s` and a list).
+        jobs = jobs.extra(where=[where[0]], params=where[1])
     return jobs.order_by("-id")[:limit]
 
 
@@ -145,8 +142,9 @@ def page(
 ) -> tuple[list[Job], int | None]:
     """One page (newest first) and the cursor id of the next, or None on the last.
 
-    `filters` are those of `query()`: state, queue, task, before and where, and
-    unique_key (every job of that key, read through its two indexes: no window).
+    `filters` are those of `query()`: state, queue, task, before and where (named
+    parameters), and unique_key (every job of that key, read through its two
+    indexes, no window; then `where` is in the ORM's form, `%s` and a list).
     `window`: look at no more than this many of the newest jobs the other
     filters select; if the page is not full by then, the cursor points below
     them, so the next page goes on with the next window.
