@@ -15,6 +15,7 @@ class ConveyorConfig(AppConfig):
         checks.register(conveyor_checks.check_settings)
         checks.register(conveyor_checks.check_database)
         checks.register(conveyor_checks.check_cron)
+        checks.register(conveyor_checks.check_queues)
         checks.register(conveyor_checks.check_backend)
         if apps.is_installed("django.contrib.admin"):
             from .admin import schedules  # noqa: F401  (registers the schedules' admin)

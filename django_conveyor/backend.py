@@ -52,6 +52,7 @@ from .unique import Unique, unique_call
 logger = logging.getLogger(__name__)
 
 MAX_IDEMPOTENCY_KEY_LENGTH = 255
+MAX_CONCURRENCY_KEY_LENGTH = 255  # conveyor_job.concurrency_key
 PER_CALL_OPTIONS = ("idempotency_key", "unique")  # What one call of enqueue_many() may set.
 # Folding the call into another job would drop the dependencies it asked for.
 UNIQUE_WITH_DEPENDENCIES = (
@@ -157,6 +158,9 @@ class ConveyorBackend(BaseTaskBackend):
             raise InvalidTask(f"idempotency_key {key!r:.80} {problem}.")
         if problem := tags_problem(getattr(task, "tags", ())):
             raise InvalidTask(problem)
+        concurrency_key = getattr(task, "concurrency_key", None)
+        if not callable(concurrency_key) and (problem := concurrency_key_problem(concurrency_key)):
+            raise InvalidTask(problem)
         meta = getattr(task, "meta", None)
         if meta is not None and (problem := meta_problem(meta)):
             raise InvalidTask(problem)
@@ -179,6 +183,9 @@ class ConveyorBackend(BaseTaskBackend):
         between the two. Call `validate_task()` first.
         """
         meta = getattr(task, "meta", None)
+        concurrency_key = getattr(task, "concurrency_key", None)
+        if callable(concurrency_key):
+            concurrency_key = computed_concurrency_key(task.name, concurrency_key, args, kwargs)
         args = json_round_trip(list(args), f"{task.name}() args")
         kwargs = json_round_trip(dict(kwargs), f"{task.name}() kwargs")
         depends_on = (*self._dependency_job_ids(task), *after)
@@ -209,6 +216,7 @@ class ConveyorBackend(BaseTaskBackend):
             tags=getattr(task, "tags", None) or None,
             meta=_traced(json_round_trip(meta, "meta") if meta else None),
             unique=unique,
+            concurrency_key=concurrency_key,
         )
 
     def _dependency_job_ids(self, task: Any) -> list[int]:
@@ -370,3 +378,33 @@ class ConveyorBackend(BaseTaskBackend):
                 hint='Add "django_conveyor" to INSTALLED_APPS and run migrate.',
                 id="conveyor.E010",
             )
+
+
+def concurrency_key_problem(key: Any) -> str | None:
+    """What is wrong with a concurrency key (None or text up to 255 characters), if anything."""
+    if key is None:
+        return None
+    if not isinstance(key, str) or not key or len(key) > MAX_CONCURRENCY_KEY_LENGTH:
+        return (
+            f"concurrency_key must be a non-empty string of at most "
+            f"{MAX_CONCURRENCY_KEY_LENGTH} characters (or a function of the call's "
+            f"arguments that returns one, or None), not {key!r:.80}."
+        )
+    if problem := text_problem(key):
+        return f"concurrency_key {key!r:.80} {problem}."
+    return None
+
+
+def computed_concurrency_key(
+    name: str, function: Any, args: Sequence[Any], kwargs: dict[str, Any]
+) -> str | None:
+    """@task(concurrency_key=f): f(*args, **kwargs), checked; its error names the task."""
+    try:
+        key = function(*args, **kwargs)
+    except Exception as exc:
+        raise InvalidTask(
+            f"{name}'s concurrency_key function raised {type(exc).__name__}: {exc}"
+        ) from exc
+    if problem := concurrency_key_problem(key):
+        raise InvalidTask(f"{name}'s concurrency_key function returned a bad key: {problem}")
+    return key

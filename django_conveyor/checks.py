@@ -13,10 +13,11 @@ from django.conf import settings
 from django.core import checks
 from django.utils.module_loading import import_string
 
+from . import limits
 from .conf import not_postgresql, problems, raw_settings, written
 from .periodic.schedules import check_cron
 
-__all__ = ["check_backend", "check_cron", "check_database", "check_settings"]
+__all__ = ["check_backend", "check_cron", "check_database", "check_queues", "check_settings"]
 
 CONVEYOR_BACKEND = "django_conveyor.backend.ConveyorBackend"
 DEFAULT_BACKEND = "django.tasks.backends.immediate.ImmediateBackend"  # Django's, without TASKS.
@@ -25,6 +26,15 @@ DEFAULT_BACKEND = "django.tasks.backends.immediate.ImmediateBackend"  # Django's
 def check_settings(**kwargs: Any) -> Iterable[checks.CheckMessage]:
     for problem in problems(written(), databases=settings.DATABASES):
         yield checks.Error(problem.msg, hint=problem.hint, id=problem.id)
+
+
+def check_queues(**kwargs: Any) -> Iterable[checks.CheckMessage]:
+    """CONVEYOR["QUEUES"]: every limit that cannot be enforced, naming its key."""
+    queues = raw_settings().get("QUEUES")
+    if queues is None:
+        return
+    for problem in limits.problems(queues):
+        yield checks.Error(problem.message, hint=limits.HINT, id=problem.id)
 
 
 def check_database(**kwargs: Any) -> Iterable[checks.CheckMessage]:

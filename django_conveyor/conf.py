@@ -205,6 +205,12 @@ class ConveyorSettings:
         (dict,), {}, "periodic jobs: schedule name -> {schedule, task, ...}; see docs/cron.md.",
         convert=dict,
     )  # fmt: skip
+    QUEUES = Setting["dict[str, dict[str, Any]]"](
+        (dict,), {},
+        "flow control: queue name -> {concurrency, rate, key_concurrency, fair}; "
+        "see docs/flow-control.md.",
+        convert=dict,
+    )  # fmt: skip
     API_TASKS = Setting["tuple[str, ...]"](
         (list, tuple), (), "task paths or patterns the HTTP API may enqueue; see docs/api.md.",
         convert=tuple,

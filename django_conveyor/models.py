@@ -116,6 +116,10 @@ class Job(models.Model):
     unique_window = InstantField(null=True, blank=True)
     unique_states = tolerant_json(null=True, blank=True)  # A list of state names.
     uniqueness = tolerant_json(null=True, blank=True)
+    # Flow control (docs/flow-control.md): the key a queue's `key_concurrency`
+    # and `fair` share count by. NULL, never "", for a job without one: it has
+    # no entry in the two keyed indexes below.
+    concurrency_key = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
 
     class Meta:
         db_table = "conveyor_job"
@@ -216,6 +220,25 @@ class Job(models.Model):
                 name="conveyor_job_released_key_idx",
                 condition=Q(unique_key__isnull=False) & ~HOLDS_KEY,
             ),
+            # Flow control: the keys with ready jobs of a queue, each key's
+            # ready jobs in claim order (CLAIM_LIMITED walks the keys from the
+            # queue's cursor), and each key's running jobs (its count). Partial:
+            # a job without a key has an entry in neither.
+            models.Index(
+                "queue",
+                "concurrency_key",
+                models.F("priority").desc(),
+                "run_after",
+                "id",
+                name="conveyor_job_key_ready_idx",
+                condition=Q(state="available", concurrency_key__isnull=False),
+            ),
+            models.Index(
+                "queue",
+                "concurrency_key",
+                name="conveyor_job_key_running_idx",
+                condition=Q(state="running", concurrency_key__isnull=False),
+            ),
             # Search also reads conveyor_job_tags_idx and conveyor_job_meta_idx,
             # partial GIN indexes that migration 0014 creates in SQL: Django's
             # GinIndex would make django.contrib.postgres a required app.
@@ -306,10 +329,40 @@ class Queue(models.Model):
     name = models.CharField(max_length=64, primary_key=True)
     paused = models.BooleanField(default=False)
     paused_at = InstantField(null=True, blank=True)
+    # Flow control (docs/flow-control.md), enforced by protocol.CLAIM_LIMITED
+    # under this row's lock. NULL (False): no such limit. Migration 0015 adds
+    # the claim's own bookkeeping in SQL only (fair_cursor, rate_times,
+    # rate_counts): no code but that statement reads or writes them.
+    concurrency = models.IntegerField(null=True, blank=True)
+    key_concurrency = models.IntegerField(null=True, blank=True)
+    rate_count = models.IntegerField(null=True, blank=True)  # Starts per rate_seconds.
+    rate_seconds = models.IntegerField(null=True, blank=True)
+    fair = models.BooleanField(default=False, db_default=False)
+    # What CONVEYOR["QUEUES"] declared when a worker last synced it: a sync
+    # writes the limits only when the declaration changed, so an operator's
+    # edit stands until the settings change.
+    declared_limits = tolerant_json(null=True, blank=True)
+    limits_changed_at = InstantField(null=True, blank=True)
+    limits_changed_by = models.CharField(max_length=255, null=True, blank=True)  # noqa: DJ001
 
     class Meta:
         db_table = "conveyor_queue"
         ordering = ["name"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(concurrency__isnull=True) | Q(concurrency__gte=1),
+                name="conveyor_queue_concurrency_positive",
+            ),
+            models.CheckConstraint(
+                condition=Q(key_concurrency__isnull=True) | Q(key_concurrency__gte=1),
+                name="conveyor_queue_key_concurrency_positive",
+            ),
+            models.CheckConstraint(
+                condition=Q(rate_count__isnull=True, rate_seconds__isnull=True)
+                | Q(rate_count__gte=1, rate_seconds__gte=1),
+                name="conveyor_queue_rate_valid",
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"{self.name} (paused)" if self.paused else self.name

@@ -221,6 +221,7 @@ class NewJob:
     tags: Sequence[str] | None = None
     meta: dict[str, Any] | None = None
     unique: UniqueCall | None = None  # Unique jobs: the call's key (unique.py).
+    concurrency_key: str | None = None  # Flow control: None when the job has none.
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,7 +241,8 @@ _ENQUEUE_COLUMNS = """
     pending int, policy text,
     gate jsonb,
     tags jsonb, meta jsonb,
-    unique_key text, unique_period float8, unique_states jsonb, uniqueness jsonb
+    unique_key text, unique_period float8, unique_states jsonb, uniqueness jsonb,
+    concurrency_key text
 """
 
 
@@ -267,7 +269,7 @@ WITH input AS (
         pending_dependencies, dependency_policy,
         gate, gate_deadline,
         tags, meta,
-        unique_key, unique_window, unique_states, uniqueness
+        unique_key, unique_window, unique_states, uniqueness, concurrency_key
     )
     SELECT task_path, args, kwargs, queue, backend, priority,
            {_waits_or_runs("input", "pending > 0")}, 0, max_attempts,
@@ -275,7 +277,7 @@ WITH input AS (
            pending, policy,
            gate, {_armed_deadline("input", "pending = 0", "NULL")},
            tags, meta,
-           unique_key, {_window("unique_period")}, unique_states, uniqueness
+           unique_key, {_window("unique_period")}, unique_states, uniqueness, concurrency_key
     FROM input ORDER BY ord
     ON CONFLICT DO NOTHING
     RETURNING id, idempotency_key, queue, run_after, enqueued_at, state, unique_key
@@ -647,6 +649,8 @@ def _labelled(row: dict[str, Any], job: NewJob) -> dict[str, Any]:
         row["tags"] = list(job.tags)
     if job.meta:
         row["meta"] = job.meta
+    if job.concurrency_key is not None:
+        row["concurrency_key"] = job.concurrency_key
     return row
 
 
@@ -793,6 +797,13 @@ class Lease(NamedTuple):
 #   epochs (float8: an infinite timestamp gives an infinite delay, where
 #   timestamp subtraction raises), and a value Python cannot load comes back
 #   as `readable.Unreadable`, for the worker to fail that job alone.
+# A queue with limits: CLAIM and CLAIM_ISOLATED leave its jobs to CLAIM_LIMITED.
+_LIMITED = (
+    "q.concurrency IS NOT NULL OR q.key_concurrency IS NOT NULL OR q.rate_count IS NOT NULL "
+    "OR q.fair"
+)
+
+
 def _claim(which: str, limit: str) -> str:
     """A claim statement: pick ready rows (`which` of them, up to `limit`), give each a token."""
     return f"""
@@ -802,7 +813,8 @@ WITH picked AS (
       AND run_after <= now()
       AND queue = ANY(ARRAY(
           SELECT s.name FROM unnest(%(queues)s::text[]) AS s(name)
-          WHERE NOT EXISTS (SELECT 1 FROM conveyor_queue AS q WHERE q.name = s.name AND q.paused)
+          WHERE NOT EXISTS (
+              SELECT 1 FROM conveyor_queue AS q WHERE q.name = s.name AND (q.paused OR {_LIMITED}))
       ))
       AND (cardinality(%(queues)s::text[]) <> 1 OR queue = (%(queues)s::text[])[1])
       AND {which}
@@ -873,6 +885,258 @@ def claim_isolated(
     `limit` is accepted for the claim steps' shared call, and ignored.
     """
     cursor.execute(CLAIM_ISOLATED, {"queues": list(queues), "owner": owner, "lease": lease_seconds})
+    return list(map(Lease._make, fetch_all(cursor)))
+
+
+# -- Limited claims: queues with flow control (docs/flow-control.md) -------------------------------
+
+# The first statement of a limited claim: lock the rows of the worker's
+# queues that have limits (in name order, so two claimers never deadlock).
+# CLAIM_LIMITED then runs as a statement of its own, whose snapshot is taken
+# after the lock was granted: it sees every claim of the queue that committed
+# before, and no claim of the queue commits while it counts and claims. The
+# lock is held to the end of the worker's cycle transaction.
+LOCK_LIMITED = f"""
+SELECT q.name FROM conveyor_queue AS q
+WHERE q.name = ANY(%(queues)s::text[]) AND NOT q.paused AND ({_LIMITED})
+ORDER BY q.name
+FOR NO KEY UPDATE
+"""
+
+
+LIMITED_QUEUES = f"""
+SELECT q.name FROM conveyor_queue AS q WHERE q.name = ANY(%(queues)s::text[]) AND ({_LIMITED})
+"""
+
+
+def limited_queues(cursor: Cursor, *, queues: Sequence[str]) -> list[str]:
+    """Which of `queues` have limits now (a route for the worker, not a guard)."""
+    cursor.execute(LIMITED_QUEUES, {"queues": list(queues)})
+    return [row[0] for row in cursor.fetchall()]
+
+
+def lock_limited(cursor: Cursor, *, queues: Sequence[str]) -> list[str]:
+    """Lock the limited queues among `queues`; returns their names (paused ones left out)."""
+    if not queues:
+        return []
+    cursor.execute(LOCK_LIMITED, {"queues": list(queues)})
+    return [row[0] for row in cursor.fetchall()]
+
+
+# How CLAIM_LIMITED keeps its cost in proportion to the batch and the limit,
+# not to the table or the backlog of one key:
+# - room: the batch, less the queue's running rows under `concurrency`, less
+#   the starts logged in the last rate period under `rate` (least() skips
+#   a limit that is NULL); the running rows are counted only when a limit
+#   needs them, through conveyor_job_list_idx (at most `concurrency` rows);
+# - a queue with `key_concurrency` or `fair` walks its keys with ready jobs
+#   through conveyor_job_key_ready_idx, one index probe per key, from the
+#   queue's cursor round the ring, at most room + running keys (a key with
+#   no room has a running job, so among that many keys are `room` with room
+#   when there are), and reads each key's running rows through
+#   conveyor_job_key_running_idx (at most `key_concurrency` rows);
+# - each walked key gives its first ready jobs in claim order, up to its
+#   room (and, when fair, its share of the batch); jobs without a key are one
+#   more group, read from the head of the queue's ready jobs;
+# - the chosen rows are locked (SKIP LOCKED, rechecking that they are still
+#   available) and claimed as CLAIM claims; the queue's row then records the
+#   cursor (the last key served) and the rate window's log, in the statement
+#   that counted, under the lock. The log holds one entry per claim in the
+#   window (at most `rate` entries), stamped with clock_timestamp() taken
+#   under the lock, so stamps grow with the order of the claims, and the
+#   jobs' started_at is that stamp.
+# Isolated jobs of a limited queue (REAP returned them) are claimed by this
+# statement too (`isolated` true, a limit of 1, through
+# conveyor_job_isolated_idx), with CLAIM_ISOLATED's guard.
+CLAIM_LIMITED = """
+WITH RECURSIVE q AS (
+    SELECT q.name, q.concurrency, q.key_concurrency, q.fair, q.rate_count, q.rate_seconds,
+           q.rate_times, q.rate_counts,
+           (q.key_concurrency IS NOT NULL OR q.fair) AS keyed,
+           coalesce(q.fair_cursor, '') AS cursor,
+           clock_timestamp() AS stamp
+    FROM conveyor_queue AS q
+    WHERE q.name = %(queue)s AND NOT q.paused
+), started AS (
+    SELECT coalesce(sum(r.c), 0) AS n
+    FROM q, unnest(q.rate_times, q.rate_counts) AS r(t, c)
+    WHERE r.t > date_part('epoch', q.stamp) - q.rate_seconds
+), counted AS (
+    SELECT q.*,
+           CASE WHEN q.concurrency IS NOT NULL OR q.keyed THEN (
+               SELECT count(*) FROM conveyor_job AS r
+               WHERE r.state = 'running' AND r.queue = %(queue)s) ELSE 0 END AS running
+    FROM q
+), room AS (
+    SELECT c.*, CASE
+        WHEN %(isolated)s AND EXISTS (
+            SELECT 1 FROM conveyor_job AS mine
+            WHERE mine.state = 'running' AND mine.isolated AND mine.lease_owner = %(owner)s)
+        THEN 0
+        ELSE greatest(0, least(
+            %(limit)s::int,
+            c.concurrency - c.running,
+            c.rate_count - (SELECT n FROM started)))::int END AS n
+    FROM counted AS c
+), walk(k, pos, first) AS (
+    SELECT s.k, 1, s.k
+    FROM room, LATERAL (SELECT coalesce(
+        (SELECT j.concurrency_key FROM conveyor_job AS j
+         WHERE j.state = 'available' AND j.queue = %(queue)s
+           AND j.concurrency_key IS NOT NULL AND j.concurrency_key > room.cursor
+         ORDER BY j.concurrency_key LIMIT 1),
+        (SELECT j.concurrency_key FROM conveyor_job AS j
+         WHERE j.state = 'available' AND j.queue = %(queue)s AND j.concurrency_key IS NOT NULL
+         ORDER BY j.concurrency_key LIMIT 1)) AS k) AS s
+    WHERE room.keyed AND room.n > 0 AND s.k IS NOT NULL
+  UNION ALL
+    SELECT s.k, w.pos + 1, w.first
+    FROM walk AS w, room, LATERAL (SELECT coalesce(
+        (SELECT j.concurrency_key FROM conveyor_job AS j
+         WHERE j.state = 'available' AND j.queue = %(queue)s
+           AND j.concurrency_key IS NOT NULL AND j.concurrency_key > w.k
+         ORDER BY j.concurrency_key LIMIT 1),
+        (SELECT j.concurrency_key FROM conveyor_job AS j
+         WHERE j.state = 'available' AND j.queue = %(queue)s AND j.concurrency_key IS NOT NULL
+         ORDER BY j.concurrency_key LIMIT 1)) AS k) AS s
+    WHERE w.pos < room.n + room.running AND s.k <> w.first
+), unkeyed AS (
+    SELECT h.id, h.priority, h.run_after, 0 AS pos,
+           row_number() OVER (ORDER BY h.priority DESC, h.run_after, h.id) AS rank
+    FROM (
+        SELECT j.id, j.priority, j.run_after, j.concurrency_key FROM conveyor_job AS j
+        WHERE j.state = 'available' AND j.queue = %(queue)s
+          AND j.run_after <= now() AND NOT j.isolated AND NOT %(isolated)s
+          AND (SELECT keyed AND n > 0 FROM room)
+        ORDER BY j.priority DESC, j.run_after, j.id
+        LIMIT (SELECT 2 * n FROM room)
+    ) AS h
+    WHERE h.concurrency_key IS NULL
+), share AS (
+    SELECT CASE WHEN room.fair
+                THEN ceil(room.n::float8 / greatest(1, (SELECT count(*) FROM walk)
+                    + (SELECT count(*) FROM (SELECT 1 FROM unkeyed LIMIT 1) AS any_unkeyed)))::int
+                ELSE room.n END AS n
+    FROM room
+), keyed AS (
+    SELECT c.id, c.priority, c.run_after, w.pos, c.rank
+    FROM walk AS w, room, LATERAL (
+        SELECT j.id, j.priority, j.run_after,
+               row_number() OVER (ORDER BY j.priority DESC, j.run_after, j.id) AS rank
+        FROM conveyor_job AS j
+        WHERE j.state = 'available' AND j.queue = %(queue)s AND j.concurrency_key = w.k
+          AND j.run_after <= now() AND NOT j.isolated AND NOT %(isolated)s
+        ORDER BY j.priority DESC, j.run_after, j.id
+        LIMIT greatest(0, least((SELECT n FROM share), room.key_concurrency - (
+            SELECT count(*) FROM conveyor_job AS r
+            WHERE r.state = 'running' AND r.queue = %(queue)s AND r.concurrency_key = w.k)))
+    ) AS c
+), plain AS (
+    SELECT j.id, j.priority, j.run_after, 0 AS pos, 1::bigint AS rank FROM conveyor_job AS j
+    WHERE j.state = 'available' AND j.queue = %(queue)s
+      AND j.run_after <= now() AND NOT j.isolated AND NOT %(isolated)s
+      AND (SELECT NOT keyed AND n > 0 FROM room)
+    ORDER BY j.priority DESC, j.run_after, j.id
+    LIMIT (SELECT n FROM room)
+), alone AS (
+    SELECT j.id, j.priority, j.run_after, 0 AS pos, 1::bigint AS rank FROM conveyor_job AS j
+    WHERE j.state = 'available' AND j.isolated AND j.queue = %(queue)s
+      AND j.run_after <= now() AND %(isolated)s AND (SELECT n > 0 FROM room)
+      AND (j.concurrency_key IS NULL OR (SELECT key_concurrency FROM room) IS NULL
+           OR (SELECT count(*) FROM conveyor_job AS r
+               WHERE r.state = 'running' AND r.queue = %(queue)s
+                 AND r.concurrency_key = j.concurrency_key) < (SELECT key_concurrency FROM room))
+    ORDER BY j.priority DESC, j.run_after, j.id
+    LIMIT 1
+), chosen AS (
+    SELECT c.id, c.pos FROM (
+        SELECT * FROM keyed UNION ALL SELECT * FROM unkeyed
+        UNION ALL SELECT * FROM plain UNION ALL SELECT * FROM alone
+    ) AS c, room
+    ORDER BY CASE WHEN room.fair THEN c.rank END, CASE WHEN room.fair THEN c.pos END,
+             c.priority DESC, c.run_after, c.id
+    LIMIT (SELECT n FROM room)
+), picked AS (
+    SELECT j.id FROM conveyor_job AS j
+    WHERE j.id = ANY(ARRAY(SELECT id FROM chosen)) AND j.state = 'available'
+    FOR UPDATE SKIP LOCKED
+), claimed AS (
+    UPDATE conveyor_job AS j
+    SET state = 'running',
+        attempt = j.attempt + 1,
+        lease_owner = %(owner)s,
+        lease_version = j.lease_version + 1,
+        lease_expires_at = now() + make_interval(secs => %(lease)s),
+        started_at = (SELECT stamp FROM q)
+    WHERE j.id = ANY(ARRAY(SELECT id FROM picked))
+    RETURNING j.*
+), served AS (
+    SELECT count(*)::int AS n,
+           max(c.pos) FILTER (WHERE c.pos > 0) AS last_pos
+    FROM claimed JOIN chosen AS c ON c.id = claimed.id
+), noted AS (
+    UPDATE conveyor_queue AS u
+    SET fair_cursor = CASE WHEN room.keyed THEN coalesce(
+            (SELECT w.k FROM walk AS w WHERE w.pos = (SELECT last_pos FROM served)),
+            (SELECT w.k FROM walk AS w ORDER BY w.pos DESC LIMIT 1),
+            u.fair_cursor) ELSE NULL END,
+        rate_times = CASE WHEN room.rate_count IS NULL THEN '{}'::float8[] ELSE ARRAY(
+            SELECT r.t FROM (
+                SELECT r.t FROM unnest(room.rate_times, room.rate_counts) AS r(t, c)
+                WHERE r.t > date_part('epoch', room.stamp) - room.rate_seconds
+                UNION ALL
+                SELECT date_part('epoch', room.stamp) FROM served WHERE served.n > 0
+            ) AS r ORDER BY r.t) END,
+        rate_counts = CASE WHEN room.rate_count IS NULL THEN '{}'::int[] ELSE ARRAY(
+            SELECT r.c FROM (
+                SELECT r.t, r.c FROM unnest(room.rate_times, room.rate_counts) AS r(t, c)
+                WHERE r.t > date_part('epoch', room.stamp) - room.rate_seconds
+                UNION ALL
+                SELECT date_part('epoch', room.stamp), served.n FROM served WHERE served.n > 0
+            ) AS r ORDER BY r.t) END
+    FROM room
+    WHERE u.name = room.name
+      AND (room.keyed OR room.rate_count IS NOT NULL
+           OR u.fair_cursor IS NOT NULL OR cardinality(u.rate_times) > 0)
+)
+SELECT id, task_path, args, kwargs, queue, backend, priority, attempt, max_attempts,
+       lease_version, idempotency_key, enqueued_at, started_at, lease_owner,
+       date_part('epoch', started_at) - date_part('epoch', greatest(enqueued_at, run_after))
+           AS pickup_delay,
+       NULLIF(errors, '[]'::jsonb) AS errors, isolated, enqueued_run_after,
+       tags, meta
+FROM claimed
+ORDER BY priority DESC, run_after, id
+"""
+
+
+def claim_limited(
+    cursor: Cursor,
+    *,
+    owner: str,
+    queue: str,
+    limit: int,
+    lease_seconds: float,
+    isolated: bool = False,
+) -> list[Lease]:
+    """Take up to `limit` ready jobs of limited `queue`, within its limits, each with a token.
+
+    Guard: as CLAIM's (or, with `isolated`, CLAIM_ISOLATED's), and the
+    queue's limits: its running jobs under `concurrency`, each key's under
+    `key_concurrency`, the starts of the last period under `rate`. The
+    caller has locked the queue's row in this transaction (lock_limited),
+    in an earlier statement. Zero rows: nothing ready, or no room.
+    """
+    cursor.execute(
+        CLAIM_LIMITED,
+        {
+            "queue": queue,
+            "limit": 1 if isolated else limit,
+            "owner": owner,
+            "lease": lease_seconds,
+            "isolated": isolated,
+        },
+    )
     return list(map(Lease._make, fetch_all(cursor)))
 
 
@@ -2088,6 +2352,7 @@ ACTIONS = {
     "ENQUEUE": enqueue,
     "CLAIM": claim,
     "CLAIM_ISOLATED": claim_isolated,
+    "CLAIM_LIMITED": claim_limited,
     "HEARTBEAT": heartbeat,
     "COMPLETE": complete,
     "RECORD_RESULT": record_result,

@@ -38,6 +38,7 @@ OPTION_NAMES = (
     "tags",
     "meta",
     "unique",
+    "concurrency_key",
 )
 DEPENDENCY_POLICIES = ("cancel", "run")
 # Read by the worker from the task itself, so a per-call value could not reach it.
@@ -60,6 +61,10 @@ class ConveyorTask(Task):
     tags: tuple[str, ...] = ()  # The task's, then each .using()'s, duplicates dropped.
     meta: dict[str, Any] | None = field(default=None, hash=False)  # Per call, .using().
     unique: Unique | None = None  # One job per key among chosen states (docs/unique-jobs.md).
+    # Flow control (docs/flow-control.md): the key a queue's key_concurrency and
+    # fair count by; text per call (.using()), or a function of the call's
+    # arguments on @task, computed at enqueue and stored on the row.
+    concurrency_key: str | Callable[..., str | None] | None = field(default=None, hash=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.tags, list):  # @task(tags=[...]): kept as a tuple, like .using()'s.
@@ -75,12 +80,14 @@ class ConveyorTask(Task):
         tags: Iterable[str] | None = None,
         meta: dict[str, Any] | None = None,
         unique: Unique | bool | None = None,
+        concurrency_key: str | Callable[..., str | None] | None = None,
         **changes: Any,
     ) -> ConveyorTask:
         """Like Task.using(), plus `max_attempts`, `idempotency_key`, `depends_on`
         (results or result ids of jobs already enqueued), `dependency_policy`,
         `tags` (added to the task's), `meta` (merged over earlier .using()'s) and
-        `unique` (a `Unique`, or False for none on this call)."""
+        `unique` (a `Unique`, or False for none on this call) and `concurrency_key`
+        (text, or a function of the call's arguments)."""
         per_task = sorted(set(changes) & set(PER_TASK_OPTIONS))
         if per_task:
             raise TypeError(
@@ -90,6 +97,8 @@ class ConveyorTask(Task):
         extra = {name: changes.pop(name) for name in OPTION_NAMES if name in changes}
         if idempotency_key is not None:
             extra["idempotency_key"] = idempotency_key
+        if concurrency_key is not None:
+            extra["concurrency_key"] = concurrency_key  # validate_task checks it.
         if depends_on is not None:
             extra["depends_on"] = dependency_ids(depends_on)
         if tags is not None:

@@ -205,6 +205,7 @@ def test_defaults_are_the_documented_ones():
             "POLL_SECONDS": 1.0,
             "PREFETCH": None,
             "QUEUE_DATABASES": {},
+            "QUEUES": {},
             "REAP_SECONDS": 5.0,
             "RETENTION_SECONDS": 604800.0,
             "SEARCH_SCAN_ROWS": 25000,

@@ -20,6 +20,14 @@ for its free slots. To keep the hot path one statement, the worker looks
 for one right after a CLAIM that found nothing (idle, or drained), and
 under steady load at least every ISOLATED_LOOK_SECONDS, first letting its
 claim-ahead buffer run empty (about CLAIM_AHEAD_SECONDS of work).
+
+Queues with limits (docs/flow-control.md) are claimed apart: CLAIM leaves
+them out in its SQL, and each step then locks them (LOCK_LIMITED) and runs
+CLAIM_LIMITED for each, in the cycle's transaction, for free slots only: a
+job of a limited queue counts against its limit from its claim, so claiming
+it ahead of a slot would hold capacity another worker could use. Which
+queues are limited is a route the limits service refreshes (`route`); the
+guard is the SQL.
 """
 
 from __future__ import annotations
@@ -41,6 +49,7 @@ class ClaimStep:
     limit: int
     if_none_claimed: bool = False  # Run only if the steps before it claimed nothing.
     limit_alone: int | None = None  # The limit once an isolated job was claimed before it.
+    free: int = 0  # Free slots: what limited queues may be claimed for.
 
     @property
     def isolated(self) -> bool:
@@ -63,6 +72,24 @@ class Claimer:
         self.lease_seconds = lease_seconds
         self.fixed_prefetch = prefetch  # None adapts to job length.
         self.isolated_due = 0.0  # time.monotonic() when a busy worker looks next.
+        self.limited: tuple[str, ...] = ()  # Queues claimed by CLAIM_LIMITED (a route).
+        self.free_queues = self.queues  # Queues claimed by CLAIM.
+
+    def route(self, limited: frozenset[str]) -> None:
+        """Which of the worker's queues have limits, as the limits service last read."""
+        self.limited = tuple(q for q in self.queues if q in limited)
+        self.free_queues = tuple(q for q in self.queues if q not in limited)
+
+    def statements(self, steps: list[ClaimStep]) -> int:
+        """Statements the steps may run; above one, the cycle runs in a transaction.
+
+        A limited claim is always two statements at least (the lock, then the
+        claim), so it always runs in a transaction: the lock must last until
+        the claim commits.
+        """
+        plain = 1 if self.free_queues else 0
+        limited = 1 + len(self.limited) if self.limited else 0
+        return sum((0 if s.if_none_claimed else plain) + limited for s in steps)
 
     def prefetch(self, avg_duration: float | None) -> int:
         """How many claimed jobs may wait for a slot."""
@@ -92,19 +119,19 @@ class Claimer:
         if holds_isolated or (look and (free == 0 or waiting)):
             # Nothing claimed ahead beside an isolated job (or about to look for one).
             alone = free - waiting
-            return [ClaimStep(protocol.claim, alone)] if alone > 0 else []
+            return [ClaimStep(protocol.claim, alone, free=alone)] if alone > 0 else []
         room = self.room(running=running, waiting=waiting, avg_duration=avg_duration)
         if free == 0 or waiting:
-            return [ClaimStep(protocol.claim, room)] if room > 0 else []
+            return [ClaimStep(protocol.claim, room, free=free - waiting)] if room > 0 else []
         # A free slot and an empty buffer: an isolated job may be claimed (room >= free > 0).
         if not look:  # The hot path: one CLAIM, and CLAIM_ISOLATED only if it found nothing.
             return [
-                ClaimStep(protocol.claim, room),
-                ClaimStep(protocol.claim_isolated, 1, if_none_claimed=True),
+                ClaimStep(protocol.claim, room, free=free),
+                ClaimStep(protocol.claim_isolated, 1, if_none_claimed=True, free=1),
             ]
         return [
-            ClaimStep(protocol.claim_isolated, 1),
-            ClaimStep(protocol.claim, room, limit_alone=free - 1),
+            ClaimStep(protocol.claim_isolated, 1, free=1),
+            ClaimStep(protocol.claim, room, limit_alone=free - 1, free=free),
         ]
 
     def claim(self, cur: Cursor, steps: list[ClaimStep], now: float = 0.0) -> list[Lease]:
@@ -116,16 +143,44 @@ class Claimer:
             limit = step.limit_alone if alone and step.limit_alone is not None else step.limit
             if limit <= 0:
                 continue
-            leases = step.statement(
-                cur,
-                owner=self.owner,
-                queues=self.queues,
-                limit=limit,
-                lease_seconds=self.lease_seconds,
-            )
+            leases = self.run(cur, step, limit)
             if step.isolated:
                 alone = bool(leases)
                 # Found one: there may be more, look again once it is done.
                 self.isolated_due = now if alone else now + ISOLATED_LOOK_SECONDS
             claimed += leases
         return claimed
+
+    def run(self, cur: Cursor, step: ClaimStep, limit: int) -> list[Lease]:
+        """One step: CLAIM (or CLAIM_ISOLATED) for the free queues, then the limited ones."""
+        leases: list[Lease] = []
+        if self.free_queues:
+            leases = step.statement(
+                cur,
+                owner=self.owner,
+                queues=self.free_queues,
+                limit=limit,
+                lease_seconds=self.lease_seconds,
+            )
+        if not self.limited:
+            return leases
+        # Free slots only; after an isolated job, nothing beside it (limit_alone).
+        room = min(limit, step.free) - len(leases)
+        if room <= 0:
+            return leases
+        for queue in protocol.lock_limited(cur, queues=self.limited):
+            if room <= 0:
+                break
+            found = protocol.claim_limited(
+                cur,
+                owner=self.owner,
+                queue=queue,
+                limit=room,
+                lease_seconds=self.lease_seconds,
+                isolated=step.isolated,
+            )
+            leases += found
+            room -= len(found)
+            if step.isolated and found:
+                break  # One isolated job, alone.
+        return leases

@@ -43,6 +43,7 @@ from .preflight import BURST_GIVE_UP_SECONDS, first_line
 from .services.base import Now, Service, Timetable
 from .services.gates import GatesService
 from .services.heartbeat import Heartbeat
+from .services.limits import LimitsService
 from .services.reaper import Reaper
 from .services.registry import Registry, WorkerInfo
 from .services.scheduler import SchedulerService
@@ -105,6 +106,7 @@ class Worker:
         """The maintenance services the control loop schedules, in the order a pass runs them."""
         services: list[Service] = [
             self.heartbeat,
+            LimitsService(self.config.queues, self.claimer.route, database=self.config.database),
             Reaper(interval=self.config.reap_seconds),
             GatesService(database=self.config.database, interval=self.config.gates_seconds),
             Timeouts(self.holdings, abandon=self.slots.abandon),
@@ -321,7 +323,7 @@ class Worker:
         # COMMIT round trips (an idle worker's claim is the latency path). A
         # step that runs only after a claim that found nothing needs no
         # transaction around the two.
-        statements = leases.statements() + sum(not s.if_none_claimed for s in steps)
+        statements = leases.statements() + self.claimer.statements(steps)
         try:
             with (
                 conn.transaction() if statements > 1 else contextlib.nullcontext(),

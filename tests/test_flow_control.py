@@ -1,0 +1,258 @@
+"""Flow control in the claim (docs/flow-control.md): CLAIM_LIMITED and its lock, one by one.
+
+These run the SQL of `protocol.py` directly against the real database, with
+several claimers (owners) taking turns; tests/test_flow_control_workers.py
+runs real worker processes against limited queues.
+"""
+
+import datetime as dt
+import threading
+import time
+
+import pytest
+from django.db import connection, transaction
+from django.utils import timezone
+
+from django_conveyor import limits, protocol
+from django_conveyor.limits import Limits
+from django_conveyor.models import Job, Queue
+from django_conveyor.worker.connections import connect
+from tests.factories import JobFactory
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+QUEUE = "limited"
+
+
+def limit(name: str = QUEUE, **values) -> None:
+    rate = values.pop("rate", None)
+    limits.set_limits(name, Limits(rate=limits.parse_rate(rate), **values), actor="test")
+
+
+def claim(owner: str = "w1", n: int = 10, *, queue: str = QUEUE, isolated: bool = False):
+    """One limited claim as a worker's cycle runs it: lock, then claim, in one transaction."""
+    with transaction.atomic(), connection.cursor() as cur:
+        locked = protocol.lock_limited(cur, queues=[queue])
+        if queue not in locked:
+            return []
+        return protocol.claim_limited(
+            cur, owner=owner, queue=queue, limit=n, lease_seconds=30, isolated=isolated
+        )
+
+
+def running(queue: str = QUEUE, key: str | None = None) -> int:
+    rows = Job.objects.filter(queue=queue, state="running")
+    return (rows.filter(concurrency_key=key) if key else rows).count()
+
+
+def finish(ids) -> None:
+    Job.objects.filter(id__in=list(ids)).update(
+        state="completed", finished_at=timezone.now(), lease_owner=None
+    )
+
+
+def jobs(count: int, key: str | None = None, **fields) -> list[Job]:
+    return [JobFactory(queue=QUEUE, concurrency_key=key, **fields) for _ in range(count)]
+
+
+def test_a_limited_queue_is_left_to_claim_limited(cur):
+    jobs(3)
+    limit(concurrency=5)
+    assert protocol.claim(cur, owner="w1", queues=[QUEUE], limit=10, lease_seconds=30) == []
+    assert (
+        protocol.claim(cur, owner="w1", queues=[QUEUE, "default"], limit=10, lease_seconds=30) == []
+    )
+    assert len(claim()) == 3
+
+
+def test_queue_concurrency_counts_every_workers_running_jobs():
+    jobs(10)
+    limit(concurrency=3)
+    assert len(claim("w1", 2)) == 2
+    assert len(claim("w2", 10)) == 1  # w1's two count: one slot left.
+    assert claim("w3", 10) == []
+    assert running() == 3
+    finish(Job.objects.filter(state="running", lease_owner="w1").values_list("id", flat=True)[:1])
+    assert len(claim("w3", 10)) == 1
+    assert running() == 3
+
+
+def test_an_expired_lease_keeps_its_slot_until_reaped(cur):
+    jobs(4)
+    limit(concurrency=2)
+    first = claim("w1", 2)
+    Job.objects.filter(id__in=[lease.id for lease in first]).update(
+        lease_expires_at=timezone.now() - dt.timedelta(seconds=1)
+    )
+    assert claim("w2", 2) == []  # The frozen holder may still run them.
+    assert len(protocol.reap(cur)) == 2
+    assert len(claim("w2", 5)) == 2  # Two slots: the two reaped jobs are isolated, left alone.
+
+
+def test_key_concurrency_one_runs_each_key_serially():
+    jobs(5, "a")
+    jobs(5, "b")
+    jobs(2)  # No key: not limited by it.
+    limit(key_concurrency=1)
+    first = claim("w1", 10)
+    assert sorted(str(Job.objects.get(id=lease.id).concurrency_key) for lease in first) == [
+        "None", "None", "a", "b",
+    ]  # fmt: skip
+    assert claim("w2", 10) == []
+    finish([lease.id for lease in first if Job.objects.get(id=lease.id).concurrency_key == "a"])
+    [again] = claim("w2", 10)
+    assert Job.objects.get(id=again.id).concurrency_key == "a"
+    assert running(key="a") == running(key="b") == 1
+
+
+def test_fair_serves_a_small_key_before_a_large_backlog_is_done():
+    Job.objects.bulk_create(
+        [
+            Job(task_path="tests.testapp.tasks.add", queue=QUEUE, concurrency_key="big",
+                run_after=timezone.now(), enqueued_at=timezone.now(), args=[], kwargs={})
+            for _ in range(2000)
+        ]
+    )  # fmt: skip
+    small = jobs(10, "small")
+    limit(fair=True)
+    taken = []
+    for _ in range(5):
+        leases = claim("w1", 4)
+        taken += [lease.id for lease in leases]
+        finish(lease.id for lease in leases)
+    small_ids = {job.id for job in small}
+    assert len(small_ids & set(taken)) == 10  # Half of each batch went to the small key.
+    assert len(taken) == 20
+
+
+def test_fair_rotates_through_many_keys():
+    for key in "abcdef":
+        jobs(3, key)
+    limit(fair=True)
+    served = []
+    for _ in range(6):
+        [lease] = claim("w1", 1)
+        served.append(Job.objects.get(id=lease.id).concurrency_key)
+        finish([lease.id])
+    assert sorted(served) == list("abcdef")
+
+
+def test_rate_limits_starts_per_window():
+    jobs(10)
+    limit(rate="3/s")
+    assert len(claim("w1", 2)) == 2
+    assert len(claim("w2", 10)) == 1
+    assert claim("w3", 10) == []
+    time.sleep(1.05)
+    assert len(claim("w3", 10)) == 3
+    stamps = sorted(Job.objects.filter(state="running").values_list("started_at", flat=True))
+    for i in range(len(stamps) - 3):
+        assert stamps[i + 3] - stamps[i] >= dt.timedelta(seconds=1)
+
+
+def test_limits_combine():
+    jobs(10, "a")
+    jobs(10, "b")
+    limit(concurrency=3, key_concurrency=2, rate="100/h")
+    leases = claim("w1", 10)
+    assert len(leases) == 3
+    assert max(running(key="a"), running(key="b")) == 2
+
+
+def test_paused_and_unlimited_queues_are_not_locked(cur):
+    jobs(2)
+    limit(concurrency=1)
+    Queue.objects.filter(name=QUEUE).update(paused=True)
+    assert claim() == []
+    Queue.objects.filter(name=QUEUE).update(paused=False)
+    limit()  # Every limit removed: the plain claim takes the queue again.
+    assert protocol.lock_limited(cur, queues=[QUEUE]) == []
+    assert len(protocol.claim(cur, owner="w1", queues=[QUEUE], limit=5, lease_seconds=30)) == 2
+
+
+def test_isolated_jobs_of_a_limited_queue_are_claimed_alone_within_the_limit():
+    jobs(2, isolated=True)
+    jobs(2)
+    limit(concurrency=2)
+    [alone] = claim("w1", 5, isolated=True)
+    assert alone.isolated
+    assert claim("w1", 5, isolated=True) == []  # w1 runs an isolated job already.
+    assert len(claim("w2", 5)) == 1  # One slot left, and not an isolated job.
+    assert claim("w3", 1, isolated=True) == []  # The limit holds for isolated jobs too.
+
+
+def test_racing_claimers_never_exceed_the_limit():
+    """Eight connections claim in a loop while a sampler reads the running count."""
+    jobs(300)
+    limit(concurrency=4)
+    over: list[int] = []
+    stop = threading.Event()
+    claimed: list[int] = []
+
+    def claimer(owner: str) -> None:
+        with connect("default") as conn:
+            while not stop.is_set():
+                with conn.transaction(), conn.cursor() as cur:
+                    if protocol.lock_limited(cur, queues=[QUEUE]):
+                        leases = protocol.claim_limited(
+                            cur, owner=owner, queue=QUEUE, limit=3, lease_seconds=30
+                        )
+                        claimed.extend(lease.id for lease in leases)
+                with conn.transaction(), conn.cursor() as cur:
+                    cur.execute(
+                        "UPDATE conveyor_job SET state = 'completed', lease_owner = NULL "
+                        "WHERE id = ANY(%s) AND lease_owner = %s",
+                        [[lease.id for lease in leases] if leases else [], owner],
+                    )
+
+    def sampler() -> None:
+        with connect("default") as conn, conn.cursor() as cur:
+            while not stop.is_set():
+                cur.execute(
+                    "SELECT count(*) FROM conveyor_job WHERE queue = %s AND state = 'running'",
+                    [QUEUE],
+                )
+                over.append(cur.fetchone()[0])
+
+    threads = [threading.Thread(target=claimer, args=(f"w{i}",)) for i in range(8)]
+    threads.append(threading.Thread(target=sampler))
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + 60
+    try:
+        while Job.objects.filter(queue=QUEUE, state="completed").count() < 300:
+            assert time.monotonic() < deadline, "the racing claimers did not drain the queue"
+            assert all(thread.is_alive() for thread in threads), "a claimer thread died"
+            time.sleep(0.05)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join()
+    assert len(claimed) == len(set(claimed)) == 300
+    assert max(over) <= 4
+    assert len(over) > 20
+
+
+def test_the_claim_plan_of_a_limited_queue_is_bounded_by_the_batch(cur):
+    """A 10^5 backlog of one key: the fair claim reads a few rows, not the backlog."""
+    cur.execute(
+        """INSERT INTO conveyor_job (task_path, args, kwargs, queue, backend, priority, state,
+               attempt, max_attempts, run_after, lease_version, errors, enqueued_at,
+               concurrency_key)
+           SELECT 'tests.testapp.tasks.add', '[]', '{}', %s, 'default', 0, 'available', 0, 3,
+                  now(), 0, '[]', now(), 'big' FROM generate_series(1, 100000)""",
+        [QUEUE],
+    )
+    jobs(5, "small")
+    limit(fair=True, key_concurrency=50)
+    cur.execute("ANALYZE conveyor_job")
+    with transaction.atomic():
+        protocol.lock_limited(cur, queues=[QUEUE])
+        cur.execute(
+            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + protocol.CLAIM_LIMITED,
+            {"queue": QUEUE, "limit": 10, "owner": "w1", "lease": 30, "isolated": False},
+        )
+        plan = cur.fetchone()[0][0]
+        transaction.set_rollback(True)
+    buffers = plan["Plan"]["Shared Hit Blocks"] + plan["Plan"].get("Shared Read Blocks", 0)
+    assert buffers < 2000, buffers  # The backlog alone is thousands of pages.
