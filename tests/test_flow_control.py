@@ -256,3 +256,110 @@ def test_the_claim_plan_of_a_limited_queue_is_bounded_by_the_batch(cur):
         transaction.set_rollback(True)
     buffers = plan["Plan"]["Shared Hit Blocks"] + plan["Plan"].get("Shared Read Blocks", 0)
     assert buffers < 2000, buffers  # The backlog alone is thousands of pages.
+
+
+# -- The concurrency key at enqueue --------------------------------------------------------------
+
+
+def test_the_key_is_given_per_call_or_computed_per_task():
+    from tests.testapp import tasks
+
+    per_call = tasks.add.using(concurrency_key="tenant:7").enqueue(1, 2)
+    computed = tasks.sync_account.enqueue(42)
+    unkeyed = tasks.add.enqueue(1, 2)
+    keys = dict(Job.objects.values_list("id", "concurrency_key"))
+    assert keys[int(per_call.id)] == "tenant:7"
+    assert keys[int(computed.id)] == "account:42"
+    assert keys[int(unkeyed.id)] is None
+    many = tasks.sync_account.enqueue_many([((1,), {}), ((2,), {})])
+    assert [Job.objects.get(id=r.id).concurrency_key for r in many] == ["account:1", "account:2"]
+
+
+@pytest.mark.parametrize(
+    ("key", "message"),
+    [
+        ("", "concurrency_key must be a non-empty string"),
+        ("x" * 256, "at most 255 characters"),
+        (7, "concurrency_key must be a non-empty string"),
+        ("a\x00b", "concurrency_key 'a\\x00b'"),
+    ],
+)
+def test_a_bad_key_is_refused_and_nothing_is_written(key, message):
+    from django_conveyor.compat import InvalidTask
+    from tests.testapp import tasks
+
+    with pytest.raises(InvalidTask, match=message.replace("\\", "\\\\")):
+        tasks.add.using(concurrency_key=key).enqueue(1, 2)
+    assert Job.objects.count() == 0
+
+
+def test_a_key_function_that_fails_names_the_task():
+    from django_conveyor.compat import InvalidTask
+    from tests.testapp import tasks
+
+    with pytest.raises(InvalidTask, match="sync_account's concurrency_key function raised"):
+        tasks.sync_account.enqueue()  # The lambda needs `account`.
+    bad = tasks.sync_account.using(concurrency_key=lambda *a, **k: 5)
+    with pytest.raises(InvalidTask, match="returned a bad key"):
+        bad.enqueue(1)
+    assert Job.objects.count() == 0
+
+
+# -- Declared limits: checks and sync --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("queues", "error", "names"),
+    [
+        ([], "conveyor.E120", "CONVEYOR['QUEUES'] must be a dict"),
+        ({"q": 5}, "conveyor.E120", "CONVEYOR['QUEUES']['q'] must be a dict"),
+        ({"q": {"limit": 5}}, "conveyor.E121", "CONVEYOR['QUEUES']['q']['limit']"),
+        ({"q": {"concurrency": 0}}, "conveyor.E122", "CONVEYOR['QUEUES']['q']['concurrency']"),
+        ({"q": {"key_concurrency": -1}}, "conveyor.E122", "['key_concurrency']"),
+        ({"q": {"concurrency": True}}, "conveyor.E122", "['concurrency']"),
+        ({"q": {"rate": "fast"}}, "conveyor.E123", "CONVEYOR['QUEUES']['q']['rate']"),
+        ({"q": {"rate": "0/s"}}, "conveyor.E123", "'0/s'"),
+        ({"q": {"rate": "10/d"}}, "conveyor.E123", "'10/d'"),
+        ({"q": {"fair": "yes"}}, "conveyor.E124", "CONVEYOR['QUEUES']['q']['fair']"),
+        ({"": {"fair": True}}, "conveyor.E125", "a queue name"),
+    ],
+)
+def test_bad_declarations_are_system_check_errors_naming_the_key(queues, error, names):
+    from django.test import override_settings
+
+    from django_conveyor.checks import check_queues
+
+    with override_settings(CONVEYOR={"QUEUES": queues}):
+        [found] = list(check_queues())
+    assert found.id == error
+    assert names in found.msg
+
+
+def test_good_declarations_pass_the_check():
+    from django.test import override_settings
+
+    from django_conveyor.checks import check_queues
+
+    good = {"payments": {"concurrency": 5, "rate": "100/m"}, "sync": {"key_concurrency": 1,
+            "fair": True}, "h": {"rate": " 3 / h "}, "none": {"concurrency": None}}  # fmt: skip
+    with override_settings(CONVEYOR={"QUEUES": good}):
+        assert list(check_queues()) == []
+        assert limits.declared()["h"].rate == limits.Rate(3, 3600)
+
+
+def test_sync_writes_a_changed_declaration_and_keeps_an_operators_edit():
+    from django.test import override_settings
+
+    declared = {"QUEUES": {QUEUE: {"concurrency": 5, "rate": "100/m"}}}
+    with override_settings(CONVEYOR=declared):
+        assert limits.sync("default").written == 1
+        assert limits.current(QUEUE) == Limits(concurrency=5, rate=limits.Rate(100, 60))
+        limit(concurrency=2)  # An operator's edit at run time.
+        assert limits.sync("default").kept == 1  # A restart keeps it.
+        assert limits.current(QUEUE).concurrency == 2
+    changed = {"QUEUES": {QUEUE: {"concurrency": 8}}}
+    with override_settings(CONVEYOR=changed):
+        assert limits.sync("default").written == 1  # The settings changed: they win.
+        assert limits.current(QUEUE) == Limits(concurrency=8)
+    row = Queue.objects.get(name=QUEUE)
+    assert (row.limits_changed_by, row.declared_limits["concurrency"]) == ("settings", 8)

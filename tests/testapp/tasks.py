@@ -441,3 +441,9 @@ def fenced_once_then_apply(context, label):
         with connection.cursor() as cursor:
             cursor.execute("SET SESSION default_transaction_read_only = on")
     return apply_once.func(context, label)
+
+
+@task(queue_name="emails", concurrency_key=lambda account, **kwargs: f"account:{account}")
+def sync_account(account, bad_key=None):
+    """Flow control: one key per account, computed from the call's arguments."""
+    return account
