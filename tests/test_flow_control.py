@@ -363,3 +363,13 @@ def test_sync_writes_a_changed_declaration_and_keeps_an_operators_edit():
         assert limits.current(QUEUE) == Limits(concurrency=8)
     row = Queue.objects.get(name=QUEUE)
     assert (row.limits_changed_by, row.declared_limits["concurrency"]) == ("settings", 8)
+
+
+def test_the_job_page_shows_its_concurrency_key(admin_client):
+    from django.urls import reverse
+
+    job = JobFactory(concurrency_key="account:42")
+    page = admin_client.get(reverse("admin:conveyor_job_change", args=[job.id]))
+    assert page.status_code == 200
+    assert b"account:42" in page.content
+    assert b"Concurrency key" in page.content

@@ -243,7 +243,7 @@ class JobAdmin(ReadOnlyAdmin):
                         ("priority", "attempts", "backend"),
                         ("enqueued_at", "run_after"),
                         ("started_at", "finished_at"),
-                        "idempotency_key",
+                        ("idempotency_key", "concurrency_key"),
                         "tag_chips",
                         "meta_json",
                     )
