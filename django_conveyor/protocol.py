@@ -915,6 +915,26 @@ def limited_queues(cursor: Cursor, *, queues: Sequence[str]) -> list[str]:
     return [row[0] for row in cursor.fetchall()]
 
 
+# A burst worker that claimed nothing keeps going while jobs of its limited
+# queues wait for room: a limit delays them, it does not make them not ready.
+READY_LIMITED = """
+SELECT EXISTS (
+    SELECT 1 FROM conveyor_job AS j
+    WHERE j.state = 'available' AND j.run_after <= now() AND j.queue = ANY(ARRAY(
+        SELECT q.name FROM conveyor_queue AS q
+        WHERE q.name = ANY(%(queues)s::text[]) AND NOT q.paused))
+)
+"""
+
+
+def ready_limited(cursor: Cursor, *, queues: Sequence[str]) -> bool:
+    """Whether any of these (limited) queues, not paused, has a job ready to run."""
+    if not queues:
+        return False
+    cursor.execute(READY_LIMITED, {"queues": list(queues)})
+    return bool(cursor.fetchall()[0][0])
+
+
 def lock_limited(cursor: Cursor, *, queues: Sequence[str]) -> list[str]:
     """Lock the limited queues among `queues`; returns their names (paused ones left out)."""
     if not queues:

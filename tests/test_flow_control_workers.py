@@ -135,3 +135,19 @@ def test_limits_set_while_workers_run_take_hold(procs, tmp_path):
     assert sampler.max_queue["slow"] == 2
     for proc in procs:
         assert stop_process(proc) == 0
+
+
+def test_a_burst_worker_drains_a_rate_limited_queue_at_its_rate(procs, tmp_path):
+    """12 jobs at 5/s: a burst worker waits for the window instead of exiting early."""
+    tasks.add.using(queue_name="slow").enqueue_many([((i, i), {}) for i in range(12)])
+    proc = start_worker(
+        "--queues", "slow", "--burst", log=tmp_path / "burst.log",
+        env={"CONVEYOR_TEST_CONVEYOR_JSON": json.dumps({"QUEUES": {"slow": {"rate": "5/s"}}})},
+    )  # fmt: skip
+    procs.append(proc)
+    assert proc.wait(60) == 0, (tmp_path / "burst.log").read_text()[-2000:]
+    assert final("slow") == {"completed": 12}
+    starts = sorted(Job.objects.filter(queue="slow").values_list("started_at", flat=True))
+    assert (starts[-1] - starts[0]).total_seconds() >= 2.0  # 12 starts at 5/s: three windows.
+    for i in range(len(starts) - 5):
+        assert (starts[i + 5] - starts[i]).total_seconds() >= 1.0  # No 6 in one second.

@@ -27,6 +27,7 @@ import time
 
 import psycopg
 
+from .. import protocol
 from ..conf import conveyor_settings
 from ..observability import joblogs
 from . import outcomes
@@ -247,10 +248,17 @@ class Worker:
                 break
             if claimed:
                 continue  # There may be more ready work: claim again before sleeping.
-            if self.options.burst and self.idle():
+            if self.options.burst and self.idle() and not self.waits_on_limits():
                 logger.info("burst: nothing ready and nothing held, exiting")
                 break
             self.wake.wait(self.sleep_seconds())
+
+    def waits_on_limits(self) -> bool:
+        """Jobs of a limited queue are ready but wait for room: a burst worker stays."""
+        if not self.claimer.limited:
+            return False
+        with self.connection.get().cursor() as cur:
+            return protocol.ready_limited(cur, queues=self.claimer.limited)
 
     def log_failure(self, exc: Exception, delay: float) -> None:
         """Say why a pass failed: the real cause once a streak, then a short line per repeat."""
