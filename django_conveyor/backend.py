@@ -53,7 +53,8 @@ logger = logging.getLogger(__name__)
 
 MAX_IDEMPOTENCY_KEY_LENGTH = 255
 MAX_CONCURRENCY_KEY_LENGTH = 255  # conveyor_job.concurrency_key
-PER_CALL_OPTIONS = ("idempotency_key", "unique")  # What one call of enqueue_many() may set.
+# What one call of enqueue_many() may set.
+PER_CALL_OPTIONS = ("idempotency_key", "unique", "concurrency_key")
 # Folding the call into another job would drop the dependencies it asked for.
 UNIQUE_WITH_DEPENDENCIES = (
     "A unique job cannot wait for dependencies: {name}() has unique=Unique(...), and a call "
@@ -186,6 +187,8 @@ class ConveyorBackend(BaseTaskBackend):
         concurrency_key = getattr(task, "concurrency_key", None)
         if callable(concurrency_key):
             concurrency_key = computed_concurrency_key(task.name, concurrency_key, args, kwargs)
+        elif problem := concurrency_key_problem(concurrency_key):
+            raise InvalidTask(problem)  # A call's own key (enqueue_many's options).
         args = json_round_trip(list(args), f"{task.name}() args")
         kwargs = json_round_trip(dict(kwargs), f"{task.name}() kwargs")
         depends_on = (*self._dependency_job_ids(task), *after)

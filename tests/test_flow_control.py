@@ -373,3 +373,16 @@ def test_the_job_page_shows_its_concurrency_key(admin_client):
     assert page.status_code == 200
     assert b"account:42" in page.content
     assert b"Concurrency key" in page.content
+
+
+def test_enqueue_many_takes_a_key_per_call_and_checks_it():
+    from django_conveyor.compat import InvalidTask
+    from tests.testapp import tasks
+
+    results = tasks.add.enqueue_many(
+        [((1, 2), {}, {"concurrency_key": "a"}), ((3, 4), {}), ((5, 6), {})]
+    )
+    assert [Job.objects.get(id=r.id).concurrency_key for r in results] == ["a", None, None]
+    with pytest.raises(InvalidTask, match="enqueue_many\\(\\) call 1: concurrency_key"):
+        tasks.add.enqueue_many([((1, 2), {}), ((1, 2), {}, {"concurrency_key": ""})])
+    assert Job.objects.count() == 3  # Nothing of the refused batch.
