@@ -172,8 +172,8 @@ def parse_args(argv: list[str] | None) -> Params:
         parser.error(f"Several --host-latency-ms values are for --scenario {LATENCY} only.")
     if args.scenario == LATENCY and (args.workflows or args.pgbouncer):
         parser.error(f"--scenario {LATENCY} takes neither --workflows nor --pgbouncer.")
-    if args.scenario in (LIMITS, GATES) and args.workflows:
-        parser.error(f"--scenario {args.scenario} enqueues its own jobs: no --workflows.")
+    if args.scenario == LIMITS and args.workflows:
+        parser.error(f"--scenario {LIMITS} enqueues single jobs: it takes no --workflows.")
     if args.hosts and args.pgbouncer:
         parser.error("--hosts and --pgbouncer do not go together.")
     if args.hosts:
