@@ -27,7 +27,7 @@ from tests.pgbouncer.bouncer import (
     session_state_errors,
 )
 
-from . import gates, hosts, latency, pg, poison, verify
+from . import gates, hosts, latency, limits, pg, poison, verify
 from .hosts import Host, Network
 from .injectors import Injector, Kill9, Partition, PgRestart, SigStop, SigStopInAtomic
 from .proxy import FaultProxy
@@ -45,6 +45,11 @@ GATES = "gates"  # Workflows that wait for signals (gates.py), under kill -9 and
 # Workers on --hosts hosts: a partition of one host, and the latency measurement.
 PARTITION = "partition"
 LATENCY = "latency"
+# Jobs on limited queues (limits.py) under kill -9, SIGSTOP and restarts, a sampler
+# watching their running rows; the three faults together, each this many times rarer.
+LIMITS = "limits"
+LIMITS_FAULTS = ("kill9", "sigstop", "pg-restart")
+LIMITS_PACE = 2.0
 HOSTS_DEFAULT = 3
 HOST_LATENCY_MS = (2.0,)  # Added round trip between each worker host and the database host.
 LATENCY_SCENARIO_MS = (0.0, 2.0, 10.0)
@@ -91,6 +96,8 @@ class Params:
             return ()
         if self.scenario == GATES:
             return ("kill9", "pg-restart")
+        if self.scenario == LIMITS:
+            return LIMITS_FAULTS
         return SCENARIOS if self.scenario == "all" else (self.scenario,)
 
 
@@ -99,7 +106,7 @@ def parse_args(argv: list[str] | None) -> Params:
     parser.add_argument(
         "--scenario",
         required=True,
-        choices=[*SCENARIOS, ATOMIC, "all", POISON, PARTITION, LATENCY, GATES],
+        choices=[*SCENARIOS, ATOMIC, "all", POISON, PARTITION, LATENCY, GATES, LIMITS],
     )
     parser.add_argument("--jobs", type=int, default=60)
     parser.add_argument("--out", type=Path, required=True, help="Folder for fault-NAME.json.")
@@ -165,6 +172,8 @@ def parse_args(argv: list[str] | None) -> Params:
         parser.error(f"Several --host-latency-ms values are for --scenario {LATENCY} only.")
     if args.scenario == LATENCY and (args.workflows or args.pgbouncer):
         parser.error(f"--scenario {LATENCY} takes neither --workflows nor --pgbouncer.")
+    if args.scenario == LIMITS and args.workflows:
+        parser.error(f"--scenario {LIMITS} enqueues single jobs: it takes no --workflows.")
     if args.hosts and args.pgbouncer:
         parser.error("--hosts and --pgbouncer do not go together.")
     if args.hosts:
@@ -233,6 +242,7 @@ def main(argv: list[str] | None = None) -> int:
             "duplicate_effects",
             "stale_outcomes_rejected",
             "fencing_violations",
+            *(limits.HEADLINE if params.scenario == LIMITS else ()),
         )
     }
     logger.info("%s: %s in %.1fs -> %s", params.scenario, summary, result["duration_s"], path)
@@ -269,6 +279,7 @@ class Run:
         self.relays: list[FaultProxy] = []  # One per worker host, on the database host.
         self.netem_error: str | None = None
         self.latency_figures: list[dict[str, Any]] = []
+        self.sampler: limits.Sampler | None = None  # Scenario limits: the running-rows watch.
 
     def execute(self) -> dict[str, Any]:
         p = self.params
@@ -309,7 +320,7 @@ class Run:
         from .settings import QUEUE  # Imported once migrate() set the server's port.
 
         self.pool = WorkerPool(
-            queue=QUEUE,
+            queue=",".join(sorted(limits.declared())) if p.scenario == LIMITS else QUEUE,
             count=p.workers,
             concurrency=p.concurrency,
             db_port=worker_port,
@@ -317,6 +328,9 @@ class Run:
             hosts=self.start_relays(worker_port) if p.hosts else (),
             **setup,
         )
+        if p.scenario == LIMITS:  # Watching before the first claim.
+            self.sampler = limits.Sampler(self.pg_port, threading.Event())
+            self.sampler.start()
         started = time.monotonic()
         self.pool.start_all()
         total = p.jobs
@@ -349,6 +363,7 @@ class Run:
         if self.bouncer:
             self.bouncer.stop()
         duration = time.monotonic() - started
+        self.stop_sampler()
         pg.start(self.data_dir, self.pg_port)  # Up again, whatever the injector left.
         facts = verify.read_logs(sorted(self.log_dir.glob("*.log")))
         ordinary = total - len(self.poisoned)
@@ -366,6 +381,10 @@ class Run:
             with pg.connect(self.pg_port) as conn:
                 figures["gates"] = gates.check(conn, p.workflows, signaller)
             failed += gates.failures(figures["gates"])
+        if self.sampler is not None:
+            with pg.connect(self.pg_port) as conn:
+                figures.update(limits.check(conn, self.sampler, duration))
+            failed += limits.failures(figures)
         if ATOMIC in p.faults:
             with pg.connect(self.pg_port) as conn:
                 figures["frozen_inside_atomic"] = verify.frozen_inside_atomic(
@@ -427,6 +446,9 @@ class Run:
         """Enqueue `count` jobs (0: the run's --jobs, poisoned ones included); their ids."""
         if self.params.scenario == GATES:
             self.enqueue_gates()
+            return []
+        if self.params.scenario == LIMITS:
+            self.enqueue_limited()
             return []
         if self.params.workflows:
             self.enqueue_workflows()
@@ -520,6 +542,15 @@ class Run:
             gates.enqueue(cur, rng=self.rng, workflows=p.workflows, work=p.work_seconds,
                           queue=QUEUE, attempts=int(CONVEYOR["MAX_ATTEMPTS"]))  # fmt: skip
 
+    def enqueue_limited(self) -> None:
+        from .settings import CONVEYOR
+
+        p = self.params
+        attempts = int(CONVEYOR["MAX_ATTEMPTS"])
+        with pg.connect(self.pg_port) as conn, conn.transaction(), conn.cursor() as cur:
+            limits.enqueue(cur, rng=self.rng, jobs=p.jobs, work=p.work_seconds,
+                           inside=p.inside_seconds, attempts=attempts)  # fmt: skip
+
     def enqueue_workflows(self) -> None:
         """Every workflow in one transaction, one ENQUEUE per step name (in dependency order)."""
         from django_conveyor import protocol
@@ -557,10 +588,8 @@ class Run:
         def rng() -> random.Random:
             return random.Random(self.rng.randrange(2**31))
 
-        common = {
-            "stop": self.stop_faults,
-            "pace": ALL_PACE if self.params.scenario == "all" else 1.0,
-        }
+        pace = {"all": ALL_PACE, LIMITS: LIMITS_PACE}.get(self.params.scenario, 1.0)
+        common = {"stop": self.stop_faults, "pace": pace}
         worker = {"pool": self.pool, "db_port": self.pg_port}
         if "kill9" in self.params.faults:
             self.injectors.append(Kill9(rng=rng(), **common, **worker))
@@ -619,8 +648,14 @@ class Run:
         for injector in self.injectors:
             injector.join(30)
 
+    def stop_sampler(self) -> None:
+        if self.sampler is not None:
+            self.sampler.stop.set()
+            self.sampler.join(30)
+
     def tear_down(self) -> None:
         self.stop_injectors()
+        self.stop_sampler()
         if self.pool is not None:
             self.pool.stop_all(grace=10)
         if self.proxy is not None:
@@ -655,6 +690,8 @@ class Run:
         faults["worker_incarnations"] = len(self.pool.history)
         faults["workers_respawned_after_exit"] = self.respawned
         head = verify.headline(figures)
+        if self.sampler is not None:  # Its verdict opens the report too.
+            head.update({k: figures.pop(k) for k in limits.HEADLINE})
         return {
             "scenario": p.scenario,
             **head,

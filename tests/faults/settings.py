@@ -78,6 +78,13 @@ CONVEYOR = {
     # Infrastructure faults cost attempts (each restart or drop fails the
     # attempts in flight); the pass criterion is that every job completes.
     "MAX_ATTEMPTS": 100,
+    # The `limits` scenario's queues (tests/faults/limits.py); workers of the
+    # other scenarios serve QUEUE alone, so these rows only sit in conveyor_queue.
+    "QUEUES": {
+        "faults-concurrency": {"concurrency": 5},  # Below the runs' slots: the limit binds.
+        "faults-keyed": {"key_concurrency": 1, "fair": True},
+        "faults-rate": {"rate": "8/s"},
+    },
 }
 # The failover run: a tick every second, each an ordinary job of the fault
 # handler (an effect, a ledger entry), so the scheduler is checked too.
