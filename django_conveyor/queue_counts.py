@@ -21,6 +21,10 @@ How each figure is found (docs/metrics.md says the same for operators):
   oldest of them (0 when none is ready), by the database's clock.
 - Leases: running jobs whose lease is still valid, and those that expired
   and wait for the reaper, through the partial index on running jobs.
+- Limits and throttled jobs (flow control): each queue's limits from its
+  `conveyor_queue` row, and, for the queues that have limits only, the
+  ready jobs that wait because a limit is reached (`THROTTLED`). A site
+  whose queues have no limits runs no query for them.
 """
 
 from __future__ import annotations
@@ -89,7 +93,51 @@ WHERE state = 'running'
 GROUP BY queue
 """
 
-PAUSED = "SELECT name, paused FROM conveyor_queue"
+QUEUE_ROWS = """
+SELECT name, paused, concurrency, key_concurrency, rate_count, rate_seconds, fair
+FROM conveyor_queue
+"""
+
+THROTTLE_REASONS = ("concurrency", "rate", "key_concurrency")
+
+# Ready jobs (available, due, not isolated) of each limited, unpaused queue
+# among %(names)s that wait because a limit is reached. A job is counted
+# once, under the first reason that holds, in THROTTLE_REASONS' order: while
+# the queue's running jobs reach `concurrency`, or its rate window is full
+# (the starts CLAIM_LIMITED logged in rate_times/rate_counts in the last
+# rate_seconds reach rate_count), every ready job waits for that; otherwise
+# the ready jobs whose key has `key_concurrency` running jobs wait for their
+# key. Per queue: the ready jobs through conveyor_job_claim_queue_idx, the
+# running ones up to `concurrency` through conveyor_job_list_idx, and the
+# keys at their limit through conveyor_job_key_running_idx, whose ready jobs
+# conveyor_job_key_ready_idx gives. The clock is the database's.
+THROTTLED = """
+SELECT q.name, ready.n,
+       q.concurrency IS NOT NULL AND (
+           SELECT count(*) FROM (
+               SELECT 1 FROM conveyor_job AS r
+               WHERE r.state = 'running' AND r.queue = q.name LIMIT q.concurrency) AS counted
+       ) >= q.concurrency,
+       q.rate_count IS NOT NULL AND (
+           SELECT coalesce(sum(w.c), 0) FROM unnest(q.rate_times, q.rate_counts) AS w(t, c)
+           WHERE w.t > date_part('epoch', now()) - q.rate_seconds
+       ) >= q.rate_count,
+       CASE WHEN q.key_concurrency IS NULL OR ready.n = 0 THEN 0 ELSE (
+           SELECT count(*) FROM conveyor_job AS j
+           WHERE j.state = 'available' AND j.queue = q.name AND j.concurrency_key IS NOT NULL
+             AND j.run_after <= now() AND NOT j.isolated
+             AND j.concurrency_key IN (
+                 SELECT r.concurrency_key FROM conveyor_job AS r
+                 WHERE r.state = 'running' AND r.queue = q.name AND r.concurrency_key IS NOT NULL
+                 GROUP BY r.concurrency_key HAVING count(*) >= q.key_concurrency)
+       ) END
+FROM conveyor_queue AS q, LATERAL (
+    SELECT count(*) AS n FROM conveyor_job AS j
+    WHERE j.state = 'available' AND j.queue = q.name AND j.run_after <= now() AND NOT j.isolated
+) AS ready
+WHERE q.name = ANY(%(names)s::text[]) AND NOT q.paused
+  AND (q.concurrency IS NOT NULL OR q.key_concurrency IS NOT NULL OR q.rate_count IS NOT NULL)
+"""
 
 
 @dataclass(slots=True)
@@ -102,6 +150,23 @@ class QueueCounts:
     lag_seconds: float = 0.0  # Age of the oldest ready job; 0 when none is ready.
     leases_active: int = 0
     leases_expired: int = 0  # Running jobs whose lease ran out, waiting for the reaper.
+    # The limits of its conveyor_queue row (NULL, False: none), as `limits.of()` reads them.
+    concurrency: int | None = None
+    key_concurrency: int | None = None
+    rate_count: int | None = None  # Starts per rate_seconds.
+    rate_seconds: int | None = None
+    fair: bool = False
+    # Ready jobs waiting for a limit, per reason (THROTTLE_REASONS); empty: no limit.
+    throttled: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def limited(self) -> bool:
+        return (
+            self.concurrency is not None
+            or self.key_concurrency is not None
+            or self.rate_count is not None
+            or self.fair
+        )
 
     @property
     def dead_letters(self) -> int:
@@ -133,6 +198,26 @@ def _finished_count(cursor, state: str, queue: str) -> tuple[int, bool]:
     return max(estimate, EXACT_BELOW + 1), True
 
 
+def throttled(cursor, names: Iterable[str]) -> dict[str, dict[str, int]]:
+    """Ready jobs of the limited queues among `names` that wait for a limit, per reason.
+
+    One entry per limited, unpaused queue of the cursor's database, with every
+    reason of THROTTLE_REASONS (0 when it holds no job back).
+    """
+    cursor.execute(THROTTLED, {"names": list(names)})
+    found = {}
+    for name, ready, at_concurrency, at_rate, at_key in cursor.fetchall():
+        counts = dict.fromkeys(THROTTLE_REASONS, 0)
+        if at_concurrency:
+            counts["concurrency"] = ready
+        elif at_rate:
+            counts["rate"] = ready
+        else:
+            counts["key_concurrency"] = at_key
+        found[name] = counts
+    return found
+
+
 def _snapshot_of(
     database: str, queues: dict[str, QueueCounts], finished: Iterable[JobState]
 ) -> None:
@@ -140,9 +225,15 @@ def _snapshot_of(
         return queues.setdefault(name, QueueCounts(name))
 
     with connections[database].cursor() as cursor:
-        cursor.execute(PAUSED)
-        for name, paused in cursor.fetchall():
-            queue(name).paused |= paused
+        cursor.execute(QUEUE_ROWS)
+        limited = []
+        for name, paused, concurrency, key_concurrency, count, seconds, fair in cursor.fetchall():
+            row = queue(name)
+            row.paused |= paused
+            row.concurrency, row.key_concurrency, row.fair = concurrency, key_concurrency, fair
+            row.rate_count, row.rate_seconds = count, seconds
+            if row.limited and not paused:
+                limited.append(name)
         cursor.execute(COUNT_LIVE, {"states": [s.value for s in LIVE_STATES]})
         for name, state, count in cursor.fetchall():
             queue(name).jobs[state] += count
@@ -161,6 +252,9 @@ def _snapshot_of(
         for name, active, expired in cursor.fetchall():
             queue(name).leases_active += active
             queue(name).leases_expired += expired
+        if limited:
+            for name, counts in throttled(cursor, limited).items():
+                queue(name).throttled = counts
 
 
 def snapshot(
