@@ -171,6 +171,22 @@ class TestAdmin:
         assert entry.change_message == "Changed limits from none to concurrency 2."
 
 
+def test_the_dashboard_marks_limited_queues_with_their_throttled_jobs(login_with):
+    client = login_with(superuser=True)
+    JobFactory.create_batch(3, queue="emails")
+    set_limits(concurrency=1)
+    set_limits(name="slow", fair=True)
+    claim()
+    response = client.get(reverse("admin:conveyor_dashboard_changelist"))
+    by_name = {q.name: q for q, _ in response.context["rows"]}
+    assert (by_name["emails"].limited, by_name["emails"].throttled) == (True, 2)
+    assert (by_name["slow"].limited, by_name["slow"].throttled) == (True, 0)
+    assert not by_name["default"].limited
+    body = response.content.decode()
+    assert "limited, 2 throttled" in body
+    assert body.count('class="conveyor-limited"') == 2
+
+
 # -- the command -------------------------------------------------------------------------------
 
 
@@ -198,9 +214,7 @@ class TestCommand:
         assert limits.of(row()) == Limits(concurrency=4)
         call_command("conveyor_queues", "limit", "emails", "--clear")
         assert limits.of(row()) == Limits()
-        assert capsys.readouterr().out.splitlines()[-1] == (
-            "emails: limits concurrency 4 -> none"
-        )
+        assert capsys.readouterr().out.splitlines()[-1] == "emails: limits concurrency 4 -> none"
 
     @pytest.mark.parametrize(
         ("options", "message"),
@@ -238,9 +252,7 @@ def bearer(*scopes: str, name: str = "svc") -> dict[str, str]:
 
 
 def put_limits(client, body, name="emails", **headers):
-    return client.put(
-        LIMITS_API.format(name), body, content_type="application/json", **headers
-    )
+    return client.put(LIMITS_API.format(name), body, content_type="application/json", **headers)
 
 
 class TestApi:
@@ -248,9 +260,7 @@ class TestApi:
         JobFactory.create_batch(3, queue="emails")
         set_limits(concurrency=1, rate="100/m")
         assert len(claim()) == 1
-        queues = {
-            q["name"]: q for q in client.get("/conveyor/api/queues", **bearer("read")).json()
-        }
+        queues = {q["name"]: q for q in client.get("/conveyor/api/queues", **bearer("read")).json()}
         assert queues["emails"]["limits"] == {
             "concurrency": 1, "rate": "100/m", "key_concurrency": None, "fair": False,
         }  # fmt: skip

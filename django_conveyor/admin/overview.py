@@ -64,6 +64,8 @@ class QueueRow:
     lag_seconds: float | None = None  # Age of the oldest ready job; None when none is ready.
     estimated: set[str] = field(default_factory=set)  # Counts that are PostgreSQL's estimate.
     per_minute: list[int] = field(default_factory=lambda: [0] * CHART_MINUTES)  # Oldest first.
+    limited: bool = False  # The queue has flow control (docs/flow-control.md).
+    throttled: int = 0  # Ready jobs waiting because a limit is reached.
 
     @classmethod
     def of(cls, counts: queue_counts.QueueCounts) -> QueueRow:
@@ -79,6 +81,8 @@ class QueueRow:
             dead=jobs[JobState.DEAD],
             lag_seconds=counts.lag_seconds if counts.ready else None,
             estimated=set(counts.estimated),
+            limited=counts.limited,
+            throttled=sum(counts.throttled.values()),
         )
 
     @property
