@@ -100,43 +100,51 @@ FROM conveyor_queue
 
 THROTTLE_REASONS = ("concurrency", "rate", "key_concurrency")
 
-# Ready jobs (available, due, not isolated) of each limited, unpaused queue
-# among %(names)s that wait because a limit is reached. A job is counted
-# once, under the first reason that holds, in THROTTLE_REASONS' order: while
-# the queue's running jobs reach `concurrency`, or its rate window is full
-# (the starts CLAIM_LIMITED logged in rate_times/rate_counts in the last
-# rate_seconds reach rate_count), every ready job waits for that; otherwise
-# the ready jobs whose key has `key_concurrency` running jobs wait for their
-# key. Per queue: the ready jobs through conveyor_job_claim_queue_idx, the
-# running ones up to `concurrency` through conveyor_job_list_idx, and the
-# keys at their limit through conveyor_job_key_running_idx, whose ready jobs
-# conveyor_job_key_ready_idx gives. The clock is the database's.
+# Ready jobs (available, due, not isolated) of one limited, unpaused queue
+# that wait because a limit is reached. A job is counted once, under the
+# first reason that holds, in THROTTLE_REASONS' order: while the queue's
+# running jobs reach `concurrency`, or its rate window is full (the starts
+# CLAIM_LIMITED logged in rate_times/rate_counts in the last rate_seconds
+# reach rate_count), every ready job waits for that; otherwise the ready jobs
+# whose key has `key_concurrency` running jobs wait for their key. One
+# statement per limited queue, so the planner sees the queue's own figures:
+# the running jobs up to `concurrency` through conveyor_job_list_idx; then
+# (CASE runs one branch) either the ready jobs through
+# conveyor_job_claim_queue_idx, or the keys at their limit through
+# conveyor_job_key_running_idx and each one's ready jobs through
+# conveyor_job_key_ready_idx. The clock is the database's.
 THROTTLED = """
-SELECT q.name, ready.n,
-       q.concurrency IS NOT NULL AND (
-           SELECT count(*) FROM (
-               SELECT 1 FROM conveyor_job AS r
-               WHERE r.state = 'running' AND r.queue = q.name LIMIT q.concurrency) AS counted
-       ) >= q.concurrency,
-       q.rate_count IS NOT NULL AND (
-           SELECT coalesce(sum(w.c), 0) FROM unnest(q.rate_times, q.rate_counts) AS w(t, c)
-           WHERE w.t > date_part('epoch', now()) - q.rate_seconds
-       ) >= q.rate_count,
-       CASE WHEN q.key_concurrency IS NULL OR ready.n = 0 THEN 0 ELSE (
-           SELECT count(*) FROM conveyor_job AS j
-           WHERE j.state = 'available' AND j.queue = q.name AND j.concurrency_key IS NOT NULL
-             AND j.run_after <= now() AND NOT j.isolated
-             AND j.concurrency_key IN (
-                 SELECT r.concurrency_key FROM conveyor_job AS r
-                 WHERE r.state = 'running' AND r.queue = q.name AND r.concurrency_key IS NOT NULL
-                 GROUP BY r.concurrency_key HAVING count(*) >= q.key_concurrency)
-       ) END
-FROM conveyor_queue AS q, LATERAL (
-    SELECT count(*) AS n FROM conveyor_job AS j
-    WHERE j.state = 'available' AND j.queue = q.name AND j.run_after <= now() AND NOT j.isolated
-) AS ready
-WHERE q.name = ANY(%(names)s::text[]) AND NOT q.paused
-  AND (q.concurrency IS NOT NULL OR q.key_concurrency IS NOT NULL OR q.rate_count IS NOT NULL)
+WITH q AS MATERIALIZED (
+    SELECT q.key_concurrency,
+           q.concurrency IS NOT NULL AND (
+               SELECT count(*) FROM (
+                   SELECT 1 FROM conveyor_job AS r
+                   WHERE r.state = 'running' AND r.queue = %(queue)s LIMIT q.concurrency
+               ) AS counted) >= q.concurrency AS at_concurrency,
+           q.rate_count IS NOT NULL AND (
+               SELECT coalesce(sum(w.c), 0) FROM unnest(q.rate_times, q.rate_counts) AS w(t, c)
+               WHERE w.t > date_part('epoch', now()) - q.rate_seconds) >= q.rate_count AS at_rate
+    FROM conveyor_queue AS q
+    WHERE q.name = %(queue)s AND NOT q.paused
+      AND (q.concurrency IS NOT NULL OR q.key_concurrency IS NOT NULL OR q.rate_count IS NOT NULL)
+)
+SELECT q.at_concurrency, q.at_rate, CASE
+    WHEN q.at_concurrency OR q.at_rate THEN (
+        SELECT count(*) FROM conveyor_job AS j
+        WHERE j.state = 'available' AND j.queue = %(queue)s
+          AND j.run_after <= now() AND NOT j.isolated)
+    WHEN q.key_concurrency IS NOT NULL THEN (
+        SELECT coalesce(sum((
+            SELECT count(*) FROM conveyor_job AS j
+            WHERE j.state = 'available' AND j.queue = %(queue)s AND j.concurrency_key = k.key
+              AND j.run_after <= now() AND NOT j.isolated)), 0)::bigint
+        FROM (
+            SELECT r.concurrency_key AS key FROM conveyor_job AS r
+            WHERE r.state = 'running' AND r.queue = %(queue)s AND r.concurrency_key IS NOT NULL
+            GROUP BY r.concurrency_key HAVING count(*) >= q.key_concurrency
+        ) AS k)
+    ELSE 0 END
+FROM q
 """
 
 
@@ -204,17 +212,15 @@ def throttled(cursor, names: Iterable[str]) -> dict[str, dict[str, int]]:
     One entry per limited, unpaused queue of the cursor's database, with every
     reason of THROTTLE_REASONS (0 when it holds no job back).
     """
-    cursor.execute(THROTTLED, {"names": list(names)})
     found = {}
-    for name, ready, at_concurrency, at_rate, at_key in cursor.fetchall():
-        counts = dict.fromkeys(THROTTLE_REASONS, 0)
-        if at_concurrency:
-            counts["concurrency"] = ready
-        elif at_rate:
-            counts["rate"] = ready
-        else:
-            counts["key_concurrency"] = at_key
-        found[name] = counts
+    for name in names:
+        cursor.execute(THROTTLED, {"queue": name})
+        row = cursor.fetchone()
+        if row is None:
+            continue  # No row, paused, or no limit that holds jobs back.
+        at_concurrency, at_rate, waiting = row
+        reason = "concurrency" if at_concurrency else "rate" if at_rate else "key_concurrency"
+        found[name] = dict.fromkeys(THROTTLE_REASONS, 0) | {reason: waiting}
     return found
 
 

@@ -49,7 +49,6 @@ class QueueLimitsForm(forms.ModelForm):
     )
     rate = forms.CharField(
         required=False,
-        max_length=32,
         help_text='Starts per second, minute or hour: "N/s", "N/m" or "N/h". Blank: no rate.',
     )
     key_concurrency = forms.CharField(
