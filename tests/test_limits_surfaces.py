@@ -184,6 +184,7 @@ def test_the_dashboard_marks_limited_queues_with_their_throttled_jobs(login_with
     assert not by_name["default"].limited
     body = response.content.decode()
     assert "limited, 2 throttled" in body
+    assert 'title="concurrency 1; 2 ready job(s) wait for a limit"' in body
     assert body.count('class="conveyor-limited"') == 2
 
 
