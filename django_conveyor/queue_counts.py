@@ -21,6 +21,10 @@ How each figure is found (docs/metrics.md says the same for operators):
   oldest of them (0 when none is ready), by the database's clock.
 - Leases: running jobs whose lease is still valid, and those that expired
   and wait for the reaper, through the partial index on running jobs.
+- Limits and throttled jobs (flow control): each queue's limits from its
+  `conveyor_queue` row, and, for the queues that have limits only, the
+  ready jobs that wait because a limit is reached (`THROTTLED`). A site
+  whose queues have no limits runs no query for them.
 """
 
 from __future__ import annotations
@@ -89,7 +93,59 @@ WHERE state = 'running'
 GROUP BY queue
 """
 
-PAUSED = "SELECT name, paused FROM conveyor_queue"
+QUEUE_ROWS = """
+SELECT name, paused, concurrency, key_concurrency, rate_count, rate_seconds, fair
+FROM conveyor_queue
+"""
+
+THROTTLE_REASONS = ("concurrency", "rate", "key_concurrency")
+
+# Ready jobs (available, due, not isolated) of one limited, unpaused queue
+# that wait because a limit is reached. A job is counted once, under the
+# first reason that holds, in THROTTLE_REASONS' order: while the queue's
+# running jobs reach `concurrency`, or its rate window is full (the starts
+# CLAIM_LIMITED logged in rate_times/rate_counts in the last rate_seconds
+# reach rate_count), every ready job waits for that; otherwise the ready jobs
+# whose key has `key_concurrency` running jobs wait for their key. One
+# statement per limited queue, so the planner sees the queue's own figures:
+# the running jobs up to `concurrency` through conveyor_job_list_idx; then
+# (CASE runs one branch) either the ready jobs through
+# conveyor_job_claim_queue_idx, or the keys at their limit through
+# conveyor_job_key_running_idx and each one's ready jobs through
+# conveyor_job_key_ready_idx. The clock is the database's.
+THROTTLED = """
+WITH q AS MATERIALIZED (
+    SELECT q.key_concurrency,
+           q.concurrency IS NOT NULL AND (
+               SELECT count(*) FROM (
+                   SELECT 1 FROM conveyor_job AS r
+                   WHERE r.state = 'running' AND r.queue = %(queue)s LIMIT q.concurrency
+               ) AS counted) >= q.concurrency AS at_concurrency,
+           q.rate_count IS NOT NULL AND (
+               SELECT coalesce(sum(w.c), 0) FROM unnest(q.rate_times, q.rate_counts) AS w(t, c)
+               WHERE w.t > date_part('epoch', now()) - q.rate_seconds) >= q.rate_count AS at_rate
+    FROM conveyor_queue AS q
+    WHERE q.name = %(queue)s AND NOT q.paused
+      AND (q.concurrency IS NOT NULL OR q.key_concurrency IS NOT NULL OR q.rate_count IS NOT NULL)
+)
+SELECT q.at_concurrency, q.at_rate, CASE
+    WHEN q.at_concurrency OR q.at_rate THEN (
+        SELECT count(*) FROM conveyor_job AS j
+        WHERE j.state = 'available' AND j.queue = %(queue)s
+          AND j.run_after <= now() AND NOT j.isolated)
+    WHEN q.key_concurrency IS NOT NULL THEN (
+        SELECT coalesce(sum((
+            SELECT count(*) FROM conveyor_job AS j
+            WHERE j.state = 'available' AND j.queue = %(queue)s AND j.concurrency_key = k.key
+              AND j.run_after <= now() AND NOT j.isolated)), 0)::bigint
+        FROM (
+            SELECT r.concurrency_key AS key FROM conveyor_job AS r
+            WHERE r.state = 'running' AND r.queue = %(queue)s AND r.concurrency_key IS NOT NULL
+            GROUP BY r.concurrency_key HAVING count(*) >= q.key_concurrency
+        ) AS k)
+    ELSE 0 END
+FROM q
+"""
 
 
 @dataclass(slots=True)
@@ -102,6 +158,23 @@ class QueueCounts:
     lag_seconds: float = 0.0  # Age of the oldest ready job; 0 when none is ready.
     leases_active: int = 0
     leases_expired: int = 0  # Running jobs whose lease ran out, waiting for the reaper.
+    # The limits of its conveyor_queue row (NULL, False: none), as `limits.of()` reads them.
+    concurrency: int | None = None
+    key_concurrency: int | None = None
+    rate_count: int | None = None  # Starts per rate_seconds.
+    rate_seconds: int | None = None
+    fair: bool = False
+    # Ready jobs waiting for a limit, per reason (THROTTLE_REASONS); empty: no limit.
+    throttled: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def limited(self) -> bool:
+        return (
+            self.concurrency is not None
+            or self.key_concurrency is not None
+            or self.rate_count is not None
+            or self.fair
+        )
 
     @property
     def dead_letters(self) -> int:
@@ -133,6 +206,24 @@ def _finished_count(cursor, state: str, queue: str) -> tuple[int, bool]:
     return max(estimate, EXACT_BELOW + 1), True
 
 
+def throttled(cursor, names: Iterable[str]) -> dict[str, dict[str, int]]:
+    """Ready jobs of the limited queues among `names` that wait for a limit, per reason.
+
+    One entry per limited, unpaused queue of the cursor's database, with every
+    reason of THROTTLE_REASONS (0 when it holds no job back).
+    """
+    found = {}
+    for name in names:
+        cursor.execute(THROTTLED, {"queue": name})
+        row = cursor.fetchone()
+        if row is None:
+            continue  # No row, paused, or no limit that holds jobs back.
+        at_concurrency, at_rate, waiting = row
+        reason = "concurrency" if at_concurrency else "rate" if at_rate else "key_concurrency"
+        found[name] = dict.fromkeys(THROTTLE_REASONS, 0) | {reason: waiting}
+    return found
+
+
 def _snapshot_of(
     database: str, queues: dict[str, QueueCounts], finished: Iterable[JobState]
 ) -> None:
@@ -140,9 +231,15 @@ def _snapshot_of(
         return queues.setdefault(name, QueueCounts(name))
 
     with connections[database].cursor() as cursor:
-        cursor.execute(PAUSED)
-        for name, paused in cursor.fetchall():
-            queue(name).paused |= paused
+        cursor.execute(QUEUE_ROWS)
+        limited = []
+        for name, paused, concurrency, key_concurrency, count, seconds, fair in cursor.fetchall():
+            row = queue(name)
+            row.paused |= paused
+            row.concurrency, row.key_concurrency, row.fair = concurrency, key_concurrency, fair
+            row.rate_count, row.rate_seconds = count, seconds
+            if row.limited and not paused:
+                limited.append(name)
         cursor.execute(COUNT_LIVE, {"states": [s.value for s in LIVE_STATES]})
         for name, state, count in cursor.fetchall():
             queue(name).jobs[state] += count
@@ -161,6 +258,9 @@ def _snapshot_of(
         for name, active, expired in cursor.fetchall():
             queue(name).leases_active += active
             queue(name).leases_expired += expired
+        if limited:
+            for name, counts in throttled(cursor, limited).items():
+                queue(name).throttled = counts
 
 
 def snapshot(

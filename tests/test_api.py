@@ -474,6 +474,7 @@ class TestSchemaAndDocs:
             ("get", "/conveyor/api/queues"),
             ("post", "/conveyor/api/queues/{name}/pause"),
             ("post", "/conveyor/api/queues/{name}/resume"),
+            ("put", "/conveyor/api/queues/{name}/limits"),
         }
         enqueue = operations[("post", "/conveyor/api/jobs")]
         assert {"200", "201", "400", "401", "403", "409"} <= set(enqueue["responses"])

@@ -384,3 +384,25 @@ def test_progress_of_a_real_workers_job_on_its_page_and_the_dashboard(page, live
         assert stop_process(proc) == 0
     finally:
         kill_group(proc)
+
+
+def test_set_a_queues_limits_on_its_page_and_see_them_in_the_list(page, live_server):
+    from django_conveyor import limits
+    from django_conveyor.models import Queue
+
+    page.goto(live_server.url + reverse("admin:conveyor_queue_changelist"))  # makes the rows
+    page.goto(live_server.url + reverse("admin:conveyor_queue_change", args=["emails"]))
+    page.fill("#id_concurrency", "3")
+    page.fill("#id_rate", "ten a minute")
+    page.click("input[name='_save']")
+    page.wait_for_selector(".errorlist")
+    assert "rate must be a number of starts" in page.inner_text(".field-rate")
+    shot(page, "queue-limits-refused")
+    assert limits.of(Queue.objects.get(name="emails")) == limits.Limits()
+    page.fill("#id_rate", "10/m")
+    page.check("#id_fair")
+    page.click("input[name='_save']")
+    page.wait_for_selector("ul.messagelist")
+    row = page.inner_text("#result_list tr:has(a:text-is('emails')) .field-limits")
+    assert row == "concurrency 3, rate 10/m, fair"
+    shot(page, "queue-limits")

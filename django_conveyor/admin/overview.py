@@ -16,7 +16,7 @@ from datetime import datetime
 
 from django.db import connections
 
-from .. import queue_counts
+from .. import limits, queue_counts
 from ..conf import conveyor_settings
 from ..states import JobState
 
@@ -64,6 +64,9 @@ class QueueRow:
     lag_seconds: float | None = None  # Age of the oldest ready job; None when none is ready.
     estimated: set[str] = field(default_factory=set)  # Counts that are PostgreSQL's estimate.
     per_minute: list[int] = field(default_factory=lambda: [0] * CHART_MINUTES)  # Oldest first.
+    limited: bool = False  # The queue has flow control (docs/flow-control.md).
+    limits: str = "none"  # Its limits, as `Limits.describe()` writes them.
+    throttled: int = 0  # Ready jobs waiting because a limit is reached.
 
     @classmethod
     def of(cls, counts: queue_counts.QueueCounts) -> QueueRow:
@@ -79,6 +82,9 @@ class QueueRow:
             dead=jobs[JobState.DEAD],
             lag_seconds=counts.lag_seconds if counts.ready else None,
             estimated=set(counts.estimated),
+            limited=counts.limited,
+            limits=limits.of(counts).describe(),
+            throttled=sum(counts.throttled.values()),
         )
 
     @property

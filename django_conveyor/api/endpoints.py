@@ -21,7 +21,7 @@ from ninja import Header, Query, Router
 from ninja.decorators import decorate_view
 from ninja.responses import Status
 
-from .. import operations, queue_counts
+from .. import limits, operations, queue_counts
 from ..backend import run_after_problem
 from ..bounds import MAX_INT, is_count
 from ..compat import InvalidTask, Task, TaskResultDoesNotExist
@@ -46,6 +46,8 @@ from .schemas import (
     EnqueueIn,
     JobOut,
     JobPage,
+    LimitsIn,
+    LimitsOut,
     QueueOut,
     SignalIn,
     StateName,
@@ -524,10 +526,16 @@ def signal_job(request: HttpRequest, job_id: str, body: SignalIn) -> dict[str, A
     return job_out(job, database)
 
 
+def limits_out(value: limits.Limits) -> dict[str, Any]:
+    return value.declared()
+
+
 def queue_out(entry: queue_counts.QueueCounts) -> dict[str, Any]:
     return {
         "name": entry.name,
         "paused": entry.paused,
+        "limits": limits_out(limits.of(entry)),
+        "throttled": entry.throttled,
         "jobs": entry.jobs,
         "estimated": sorted(entry.estimated),
         "lag_seconds": entry.lag_seconds,
@@ -545,7 +553,7 @@ def queue_out(entry: queue_counts.QueueCounts) -> dict[str, Any]:
     url_name="list_queues",
 )
 def list_queues(request: HttpRequest) -> list[dict[str, Any]]:
-    """Every queue with its jobs per state, lag, leases and whether it is paused."""
+    """Every queue with its jobs per state, lag, leases, limits and whether it is paused."""
     return [queue_out(q) for q in queue_counts.snapshot(operations.known_queues()).values()]
 
 
@@ -584,3 +592,38 @@ def pause_queue(request: HttpRequest, name: str) -> dict[str, Any]:
 def resume_queue(request: HttpRequest, name: str) -> dict[str, Any]:
     """Workers claim from it again, woken at once."""
     return _switch(request, name, operations.resume, "resumed")
+
+
+def _limits_in(body: LimitsIn) -> limits.Limits:
+    """The body as Limits, refused with limits.py's message naming the field."""
+    field = "concurrency"
+    try:
+        concurrency = limits.positive(body.concurrency, where=field)
+        field = "key_concurrency"
+        key_concurrency = limits.positive(body.key_concurrency, where=field)
+        field = "rate"
+        rate = limits.parse_rate(body.rate, where=field)
+    except limits.InvalidLimit as exc:
+        raise field_problem(field, str(exc)) from None
+    return limits.Limits(concurrency, key_concurrency, rate, body.fair)
+
+
+@router.put(
+    "/queues/{name}/limits",
+    tags=["queues"],
+    response={200: LimitsOut, **ERRORS},
+    auth=credentials("operate", "conveyor.change_queue"),
+    summary="Set a queue's limits",
+    url_name="set_queue_limits",
+)
+def set_queue_limits(request: HttpRequest, name: str, body: LimitsIn) -> dict[str, Any]:
+    """Replaces the queue's limits with the body's (docs/flow-control.md); the next claim
+    of the queue obeys them. 400: a bad limit (the field is named; nothing is written).
+    404: no queue is named so."""
+    if name not in operations.known_queues():
+        raise Problem(404, f"No queue is named {name!r}.")
+    wanted = _limits_in(body)
+    before, after = limits.set_limits(name, wanted, actor=request.auth.actor)
+    logger.info("%s set the limits of queue %s from %s to %s", request.auth.actor, name,
+                before.describe(), after.describe())  # fmt: skip
+    return limits_out(after)

@@ -206,9 +206,42 @@ class JobPage(Schema):
     )
 
 
+class LimitsOut(Schema):
+    """A queue's flow control (docs/flow-control.md); null (false): no such limit."""
+
+    concurrency: int | None = Field(description="Jobs of the queue running at once, at most.")
+    rate: str | None = Field(description="Starts per second, minute or hour, e.g. '100/m'.")
+    key_concurrency: int | None = Field(
+        description="Jobs of one concurrency key running at once, at most."
+    )
+    fair: bool = Field(description="Keys take turns: each gets a share of every claim.")
+
+
+class LimitsIn(Schema):
+    """A queue's limits, all four: a field left out is no such limit (fair: false)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    concurrency: int | None = Field(
+        None, strict=True, description="1 or more; null: no limit on the queue's running jobs."
+    )
+    rate: str | None = Field(
+        None, description="'N/s', 'N/m' or 'N/h' (N from 1); null: no rate limit."
+    )
+    key_concurrency: int | None = Field(
+        None, strict=True, description="1 or more; null: no limit per concurrency key."
+    )
+    fair: bool = Field(False, strict=True, description="True: keys take turns.")
+
+
 class QueueOut(Schema):
     name: str
     paused: bool
+    limits: LimitsOut
+    throttled: dict[str, int] = Field(
+        description="Ready jobs waiting because a limit is reached, per reason (concurrency, "
+        "rate, key_concurrency); empty when the queue has no limit or is paused."
+    )
     jobs: dict[str, int] = Field(description="Jobs per state (see `estimated`).")
     estimated: list[str] = Field(
         description="States whose count is PostgreSQL's estimate (finished states above 10,000)."

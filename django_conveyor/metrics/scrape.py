@@ -65,7 +65,17 @@ class DatabaseCollector(Collector):
         paused = GaugeMetricFamily(
             "conveyor_queue_paused", "1 when the queue is paused, else 0.", labels=["queue"]
         )
+        throttled = GaugeMetricFamily(
+            "conveyor_jobs_throttled",
+            "Ready jobs of a limited queue (available, due, not isolated) that wait because a "
+            "limit is reached, per reason: concurrency (the queue's running jobs), rate (the "
+            "rate window is full) or key_concurrency (their key's running jobs). Each job is "
+            "counted under the first reason that holds, in that order. Exact.",
+            labels=["queue", "reason"],
+        )
         for queue in queues:
+            for reason, count in queue.throttled.items():
+                throttled.add_metric([queue.name, reason], count)
             for state in JobState:
                 jobs.add_metric([queue.name, state.value], queue.jobs[state.value])
             lag.add_metric([queue.name], queue.lag_seconds)
@@ -73,7 +83,7 @@ class DatabaseCollector(Collector):
             active.add_metric([queue.name], queue.leases_active)
             expired.add_metric([queue.name], queue.leases_expired)
             paused.add_metric([queue.name], 1 if queue.paused else 0)
-        yield from (jobs, lag, dead_letters, active, expired, paused)
+        yield from (jobs, lag, dead_letters, active, expired, paused, throttled)
         waiting = GaugeMetricFamily(
             "conveyor_gates_waiting",
             "Gates (workflow steps no handler runs) that wait, per queue and kind: signal, "
