@@ -132,7 +132,7 @@ def positive(value: Any, *, where: str) -> int | None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_INT:
         raise InvalidLimit(
-            f"{where} must be a whole number of jobs from 1 to {MAX_INT}, or None "
+            f"{where} must be a whole number of jobs from 1 to {MAX_INT}, or none "
             f"for no limit, not {value!r}.",
         )
     return value

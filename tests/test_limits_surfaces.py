@@ -33,7 +33,7 @@ RATE_MESSAGE = (
     "(N/s, N/m or N/h with N from 1 to 2147483647), not {!r}."
 )
 COUNT_MESSAGE = (
-    "{} must be a whole number of jobs from 1 to 2147483647, or None for no limit, not {!r}."
+    "{} must be a whole number of jobs from 1 to 2147483647, or none for no limit, not {!r}."
 )
 
 
