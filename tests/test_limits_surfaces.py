@@ -7,6 +7,7 @@ after real limited claims (`protocol.claim_limited`).
 """
 
 import datetime as dt
+import json
 
 import pytest
 from django.contrib.admin.models import ADDITION, CHANGE, LogEntry
@@ -20,7 +21,7 @@ from django.utils import timezone
 from django_conveyor import limits, protocol, queue_counts
 from django_conveyor.api import keys
 from django_conveyor.limits import Limits, Rate
-from django_conveyor.models import Queue
+from django_conveyor.models import Job, Queue
 from tests.factories import JobFactory
 from tests.test_metrics import metrics_key, scrape, value
 
@@ -369,3 +370,22 @@ class TestThrottled:
         assert throttled() == {}
         set_limits(name="default")
         assert throttled("default") == {}
+
+
+def test_the_api_enqueues_with_a_concurrency_key_and_refuses_a_bad_one(client):
+    headers = bearer("enqueue")
+    body = {"task": "tests.testapp.tasks.add", "args": [1, 2], "concurrency_key": "tenant:9"}
+    response = client.post(
+        "/conveyor/api/jobs", json.dumps(body), content_type="application/json", **headers
+    )
+    assert response.status_code == 201, response.content
+    assert Job.objects.get(pk=int(response.json()["id"])).concurrency_key == "tenant:9"
+    bad = {**body, "concurrency_key": "x" * 256}
+    response = client.post(
+        "/conveyor/api/jobs", json.dumps(bad), content_type="application/json", **headers
+    )
+    assert response.status_code == 400
+    [error] = response.json()["errors"]
+    assert error["field"] == "concurrency_key"
+    assert "at most 255 characters" in error["message"]
+    assert Job.objects.count() == 1

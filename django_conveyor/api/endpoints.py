@@ -213,7 +213,7 @@ def _called(task: Task, body: EnqueueIn, key: str | None) -> Task:
         task = task.using(**changes) if changes else task
     except InvalidTask as exc:
         raise field_problem(None, str(exc)) from None
-    for name in ("tags", "meta"):
+    for name in ("tags", "meta", "concurrency_key"):
         if (value := getattr(body, name)) is not None:
             try:
                 task = task.using(**{name: value})

@@ -100,6 +100,11 @@ class EnqueueIn(Schema):
         description="One job per key among chosen states; false: none for this call; "
         "absent or null: the task's own.",
     )
+    concurrency_key: str | None = Field(
+        None,
+        description="The key a limited queue's key_concurrency and fair count by "
+        "(docs/flow-control.md): text of 1 to 255 characters; absent or null: the task's own.",
+    )
 
 
 class JobError(Schema):
