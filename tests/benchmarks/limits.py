@@ -209,7 +209,6 @@ def variant_limits(variant: str) -> Any:
 def drain_by_workers(args: argparse.Namespace, variant: str, log: Path) -> dict[str, Any]:
     """`args.jobs` no-op jobs of QUEUE, drained by real worker processes under `variant`."""
     from django_conveyor import limits
-    from django_conveyor.models import Job
     from tests.testapp.tasks import noop
 
     truncate()
@@ -329,8 +328,8 @@ def fair_backlog(args: argparse.Namespace, backlog: int) -> dict[str, Any]:
                 cur.execute("SELECT count(*) FROM conveyor_job WHERE id = ANY(%s) "
                             "AND concurrency_key LIKE 'small:%%'", [ids])  # fmt: skip
                 small = cur.fetchone()[0]
-                protocol.complete(cur, owner=OWNER, notify=False,
-                                  done=[(lease.id, lease.version, None) for lease in leases])  # fmt: skip
+                done = [(lease.id, lease.version, None) for lease in leases]
+                protocol.complete(cur, owner=OWNER, done=done, notify=False)
             claims += 1
             small_claimed += small
             big_claimed += len(ids) - small
