@@ -261,6 +261,12 @@ def drain_by_workers(args: argparse.Namespace, variant: str, log: Path) -> dict[
         [QUEUE],
     )
     assert done == args.jobs, f"{variant}: {done} of {args.jobs} completed"
+    # A claim stamps its jobs' started_at with one time (CLAIM: the transaction's now(),
+    # CLAIM_LIMITED: the stamp taken under the lock), so this counts the claims that got jobs.
+    ((claims,),) = sql(
+        "SELECT count(DISTINCT (lease_owner, started_at)) FROM conveyor_job WHERE queue = %s",
+        [QUEUE],
+    )
     if variant == "concurrency":
         assert max_running <= 50, max_running
     return {
@@ -269,6 +275,7 @@ def drain_by_workers(args: argparse.Namespace, variant: str, log: Path) -> dict[
         "wall_s": wall,  # With the processes' start.
         "processes_that_ran_jobs": owners,
         "max_running_sampled": max_running,
+        "jobs_per_claim": done / claims,
     }
 
 
