@@ -503,6 +503,18 @@ def main() -> int:
             }
             same[which] = len({shape for _, shape in shapes}) == 1
         free["claim_plan_same_shape"] = same
+        # The part that reads conveyor_job (the queue filter reads only conveyor_queue).
+        free["claim_plan_same_job_side"] = {
+            which: len(
+                {
+                    tuple(line.strip() for line in r[side]["plans"][which]["shape"]
+                          if "conveyor_job" in line)
+                    for r in rounds
+                    for side in ("before", "after")
+                }
+            ) == 1
+            for which in ("one_queue", "three_queues")
+        }  # fmt: skip
         free["claim_plan"] = {
             side: {w: rounds[0][side]["plans"][w]["shape"] for w in ("one_queue", "three_queues")}
             for side in ("before", "after")
