@@ -22,7 +22,10 @@ another within each round, so that a loaded machine slows every side alike:
   a rotated order each round. The workers run until the parent sees every
   job completed (not --burst: a burst worker that finds no room under a
   limit and holds nothing would exit and leave fewer processes); the rate
-  is the jobs over the span from the first start to the last finish.
+  is the jobs over the span from the first start to the last finish. Every
+  0.25 s the parent samples the running rows (checking the limits held)
+  and the backends waiting for a lock; after the drain it counts the
+  claims (a claim stamps all its jobs' started_at with one time).
 - **Fair claim under a backlog**: a `fair` queue with a backlog of one key
   (one INSERT ... SELECT generate_series) ahead of 100 jobs of 10 other
   keys, for each of `--backlogs`: how many CLAIM_LIMITED calls of 10
@@ -223,7 +226,7 @@ def drain_by_workers(args: argparse.Namespace, variant: str, log: Path) -> dict[
                "--concurrency", str(args.slots), "--processes", str(args.processes),
                "--no-cron", "-v", "0"]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(REPO), "DJANGO_SETTINGS_MODULE": "tests.settings"}
-    max_running = 0
+    max_running, waiting = 0, []  # Backends of this database waiting for a lock, per sample.
     started = time.perf_counter()
     with log.open("ab") as out:
         proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
@@ -242,6 +245,11 @@ def drain_by_workers(args: argparse.Namespace, variant: str, log: Path) -> dict[
                     [QUEUE],
                 )
                 max_running = max(max_running, running)
+                ((locked,),) = sql(
+                    "SELECT count(*) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+                )
+                waiting.append(locked)
                 if keyed:
                     assert key_max <= 1, f"a key ran {key_max} jobs at once"
                 if done == args.jobs or proc.poll() is not None:
@@ -276,6 +284,8 @@ def drain_by_workers(args: argparse.Namespace, variant: str, log: Path) -> dict[
         "processes_that_ran_jobs": owners,
         "max_running_sampled": max_running,
         "jobs_per_claim": done / claims,
+        "lock_waiters_mean": statistics.mean(waiting) if waiting else 0.0,
+        "lock_waiters_max": max(waiting, default=0),
     }
 
 
