@@ -1046,7 +1046,10 @@ WITH RECURSIVE q AS (
         FROM conveyor_job AS j
         WHERE j.state = 'available' AND j.queue = %(queue)s AND j.concurrency_key = w.k
           AND j.run_after <= now() AND NOT j.isolated AND NOT %(isolated)s
-        ORDER BY j.priority DESC, j.run_after, j.id
+        -- The key first: one key's rows are already in that order, and only in
+        -- conveyor_job_key_ready_idx, so no plan walks the queue's claim order
+        -- past another key's backlog to find this key's rows.
+        ORDER BY j.concurrency_key, j.priority DESC, j.run_after, j.id
         LIMIT greatest(0, least((SELECT n FROM share), room.key_concurrency - (
             SELECT count(*) FROM conveyor_job AS r
             WHERE r.state = 'running' AND r.queue = %(queue)s AND r.concurrency_key = w.k)))
