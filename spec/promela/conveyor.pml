@@ -785,7 +785,9 @@ inline claimed(w, k, j, iso) {
   if :: live[j] != 0 -> h_double++ :: else -> skip fi;
   if :: cancel_req[j] -> h_rerun++ :: else -> skip fi;
   if :: isolated[j] && !iso -> h_iso_claim++ :: else -> skip fi;
-  if :: LIMITED(j) -> g_win++ :: else -> skip fi;
+#ifdef LIMITS
+  if :: LIMITED(j) -> g_win++ :: else -> skip fi;   /* ghost: only with -DLIMITS, so */
+#endif                                             /* other runs keep their depths */
   jstate[j] = RUNNING; attempt[j]++; owner[j] = w; NEW_TOKEN(j); expired[j] = false;
   claims[j]++; holder[j] = claims[j]; live[j] = claims[j];
   v_job[k] = j; v_tok[k] = version[j]; v_gid[k] = claims[j];
