@@ -834,8 +834,8 @@ inline crash_worker(w) {
        claimed(1, 2, j, true) }
 
 /* CLAIM_LIMITED: the claim of a queue with limits, in the worker's
- * transaction: SELECT ... FROM conveyor_queue FOR UPDATE, then a second
- * statement, whose snapshot is taken after that lock is granted: it counts
+ * transaction: SELECT ... FROM conveyor_queue FOR NO KEY UPDATE, then a
+ * second statement, whose snapshot is taken after that lock is granted: it counts
  * the queue's running rows and those per key, reads the rate log, claims
  * jobs i and j (i == j: one) as CLAIM does, each with a new token, within
  * least(batch, concurrency - running, rate - logged) and key_concurrency -

@@ -561,7 +561,7 @@ ClaimedBatch(w, S, iso) ==
                    frozen, completer, lostTo, left, cron>>
 
 \* The claim of a queue with limits, in the claiming worker's transaction:
-\*   SELECT ... FROM conveyor_queue WHERE name = <queue> FOR UPDATE
+\*   SELECT ... FROM conveyor_queue WHERE name = <queue> FOR NO KEY UPDATE
 \* then a second statement, whose snapshot is taken after that lock is
 \* granted: it counts the queue's rows in state 'running' (every worker's,
 \* expired leases that REAP has not taken back included) and those of each
