@@ -32,7 +32,7 @@
  *   -DLIMITS         flow control: four jobs of one queue with limits
  *                    (concurrency 2, key_concurrency 1 for jobs 0 and 1,
  *                    which share a key, rate 2 per window), claimed only by
- *                    CLAIM_LIMITED; a crash; NewWindow
+ *                    CLAIM_LIMITED; a crash; NewWindow (liveness: -DNJ=3)
  * Sizes and budgets can be overridden: -DNJ=n -DMAX_ATTEMPTS=n
  * -DCRASH_BUDGET=n -DFREEZE_BUDGET=n -DRELEASE_BUDGET=n -DSNOOZE_BUDGET=n
  * -DREQUEUE_BUDGET=n -DCANCEL_BUDGET=n -DPRUNE_BUDGET=n -DRENEW_BUDGET=n.
