@@ -19,12 +19,12 @@ SPEC = Path(__file__).resolve().parent.parent / "spec"
 
 # Modelled ahead of their statement: each name is an action of both models
 # already, with the semantics fixed for it (isolated jobs: CLAIM_ISOLATED;
-# workflows: UNBLOCK, CANCEL_DEPENDENTS, REBLOCK_DEPENDENTS), and its SQL
-# constant lands in protocol.ACTIONS with the branch of its issue. When one
-# lands, remove it from here: a name both in protocol.ACTIONS and in this
-# set fails the tests below, so the set only shrinks, to empty once every
-# one has landed.
-MODELLED_AHEAD: set[str] = set()
+# workflows: UNBLOCK, CANCEL_DEPENDENTS, REBLOCK_DEPENDENTS; flow control:
+# CLAIM_LIMITED), and its SQL constant lands in protocol.ACTIONS with the
+# branch of its issue. When one lands, remove it from here: a name both in
+# protocol.ACTIONS and in this set fails the tests below, so the set only
+# shrinks, to empty once every one has landed.
+MODELLED_AHEAD: set[str] = {"CLAIM_LIMITED"}
 
 
 def tla_actions() -> set[str]:

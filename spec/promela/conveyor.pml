@@ -29,6 +29,10 @@
  *   -DUNIQUE         unique jobs: three calls with one unique key, enqueued
  *                    while the workers run; call 0 skips a duplicate, calls
  *                    1 and 2 replace it (ENQUEUE_REPLACE); REQUEUE's key guard
+ *   -DLIMITS         flow control: four jobs of one queue with limits
+ *                    (concurrency 2, key_concurrency 1 for jobs 0 and 1,
+ *                    which share a key, rate 2 per window), claimed only by
+ *                    CLAIM_LIMITED; a crash; NewWindow (liveness: -DNJ=3)
  * Sizes and budgets can be overridden: -DNJ=n -DMAX_ATTEMPTS=n
  * -DCRASH_BUDGET=n -DFREEZE_BUDGET=n -DRELEASE_BUDGET=n -DSNOOZE_BUDGET=n
  * -DREQUEUE_BUDGET=n -DCANCEL_BUDGET=n -DPRUNE_BUDGET=n -DRENEW_BUDGET=n.
@@ -38,7 +42,8 @@
  * dependents_wait, unblock_fenced, counter_exact, cascade_cause, operator_cancel,
  * cancel_honoured,
  * one_job_per_tick, gate_never_claimed, gate_once, gate_after_upstream,
- * checkpoint_once, unique_key_held, duplicate_of_holder, replace_pending;
+ * checkpoint_once, unique_key_held, duplicate_of_holder, replace_pending,
+ * limit_held, key_limit_held, rate_held;
  * liveness all_final, every_tick.
  *
  * Mutations (spec/mutations.toml) edit the macros below in a copy of this
@@ -140,6 +145,28 @@
 #  ifndef CRASH_BUDGET
 #  define CRASH_BUDGET 0
 #  endif
+#  ifndef RELEASE_BUDGET
+#  define RELEASE_BUDGET 0
+#  endif
+#  ifndef SNOOZE_BUDGET
+#  define SNOOZE_BUDGET 0
+#  endif
+#  ifndef CANCEL_BUDGET
+#  define CANCEL_BUDGET 0
+#  endif
+#  ifndef PRUNE_BUDGET
+#  define PRUNE_BUDGET 0
+#  endif
+#endif
+
+#ifdef LIMITS
+#  ifndef NJ
+#  define NJ 4
+#  endif
+#  ifndef MAX_ATTEMPTS
+#  define MAX_ATTEMPTS 1
+#  endif
+#  define NO_ATOMIC             /* handlers without context.atomic() */
 #  ifndef RELEASE_BUDGET
 #  define RELEASE_BUDGET 0
 #  endif
@@ -285,6 +312,21 @@
 #else
 #define CHECKPOINTS_ON false
 #endif
+/* flow control: with -DLIMITS every job is of the one queue with limits;
+ * jobs 0 and 1 share the concurrency key 1, jobs 2 and 3 have none (0)   */
+#ifdef LIMITS
+#define LIMITED(x) ((x) < NJ)
+#define LKEY(x) ((x) < 2 -> 1 : 0)
+#define C_LIMIT 2               /* concurrency: running jobs of the queue */
+#define K_LIMIT 1               /* key_concurrency: running jobs per key */
+#define R_LIMIT 2               /* rate: claims per window */
+#else
+#define LIMITED(x) false
+#define LKEY(x) 0
+#define C_LIMIT 0               /* 0: no such limit */
+#define K_LIMIT 0
+#define R_LIMIT 0
+#endif
 #define SAT(x, d) ((RUN_ANYWAY(x) && FINAL(jstate[d])) || (!RUN_ANYWAY(x) && jstate[d] == COMPLETED))
 #define UNSAT(x, d) (DEP(x, d) && !SAT(x, d))
 #define UNSAT_COUNT(x) (UNSAT(x, 0) + UNSAT(x, 1) + UNSAT(x, 2) + UNSAT(x, 3))
@@ -338,6 +380,9 @@ byte h_stale_step = 0;          /* step records committed by a non-holder */
 byte ucall[MAXJ];
 byte h_fold = 0;                /* calls answered while no job held their key */
 byte h_replace = 0;             /* replaces that wrote a job that had started */
+/* ---------------- flow control: the queue's rate log ------------------- */
+byte rate_log = 0;              /* claims the rate log records in the current window */
+byte g_win = 0;                 /* ghost: limited jobs started in the window, by any statement */
 
 /* ---------------- the workers' beliefs --------------------------------- */
 byte v_job[NK] = NOJOB;
@@ -436,6 +481,28 @@ byte cron_jobs[MAX_TICK + 1];   /* jobs inserted per tick */
 #define REPLACE_GUARD(x) (jstate[x] == BLOCKED || jstate[x] == AVAILABLE)
 #define CASCADE_IF_REFUSED(j) skip
 
+/* flow control.  CLAIM and CLAIM_ISOLATED filter out a queue with limits,
+ * as a paused one; CLAIM_LIMITED's count is every running row of the
+ * queue, whatever its worker, expired leases not yet reaped included (w,
+ * the claiming worker, is not read), and per key; the room of a batch of
+ * jobs i and j (i == j: one job)                                         */
+#define CLAIM_SKIPS(j) (!LIMITED(j))
+#define QRUNNING(w, x) (LIMITED(x) && jstate[x] == RUNNING)
+#define QRUN(w) (QRUNNING(w, 0) + QRUNNING(w, 1) + QRUNNING(w, 2) + QRUNNING(w, 3))
+#define KRUN(w, key) ((QRUNNING(w, 0) && LKEY(0) == (key)) + (QRUNNING(w, 1) && LKEY(1) == (key)) + \
+                      (QRUNNING(w, 2) && LKEY(2) == (key)) + (QRUNNING(w, 3) && LKEY(3) == (key)))
+#define CONC_ROOM(w, n) (C_LIMIT == 0 || QRUN(w) + (n) <= C_LIMIT)
+#define KEY_ROOM(w, key, n) (K_LIMIT == 0 || (key) == 0 || KRUN(w, key) + (n) <= K_LIMIT)
+#define RATE_ROOM(n) (R_LIMIT == 0 || rate_log + (n) <= R_LIMIT)
+#define RATE_LOG(n) if :: R_LIMIT > 0 -> rate_log = rate_log + (n) :: else -> skip fi
+#define BATCH(i, j) (1 + ((i) != (j)))
+#define SAME_KEY(i, j) ((i) != (j) && LKEY(i) == LKEY(j))
+#define BATCH_ROOM(w, i, j) (CONC_ROOM(w, BATCH(i, j)) && RATE_ROOM(BATCH(i, j)) && \
+                             KEY_ROOM(w, LKEY(i), 1 + SAME_KEY(i, j)) && KEY_ROOM(w, LKEY(j), 1 + SAME_KEY(i, j)))
+/* an isolated job alone, with CLAIM_ISOLATED's guard; a batch without */
+#define LIMITED_TAKES(w, i, j) (LIMITED(i) && LIMITED(j) && jstate[i] == AVAILABLE && jstate[j] == AVAILABLE && \
+    ((i) == (j) -> (!isolated[i] || ALONE(w)) : (!isolated[i] && !isolated[j])) && BATCH_ROOM(w, i, j))
+
 #define AFTER_FAILURE(j) (attempt[j] >= MAX_ATTEMPTS -> DEAD : AVAILABLE)
 /* a job handed back while an operator asked to cancel it ends cancelled */
 #define HANDBACK(j, st) (cancel_req[j] -> CANCELLED : (st))
@@ -518,6 +585,14 @@ byte cron_jobs[MAX_TICK + 1];   /* jobs inserted per tick */
                    NOT_DONE_J(0) && NOT_DONE_J(1) && NOT_DONE_J(2) && NOT_DONE_J(3))
 #define TICKS_OK (cron_jobs[0] <= 1 && cron_jobs[MAX_TICK] <= 1 && \
                   (MAX_TICK < 2 || cron_jobs[1] <= 1) && (MAX_TICK < 3 || cron_jobs[2] <= 1))
+
+/* flow control, written out (not through CLAIM_LIMITED's count): running
+ * rows of the queue, of its one key, and starts in the window (ghost)    */
+#define L_RUN(x) (LIMITED(x) && jstate[x] == RUNNING)
+#define LIMIT_OK (C_LIMIT == 0 || L_RUN(0) + L_RUN(1) + L_RUN(2) + L_RUN(3) <= C_LIMIT)
+#define L_KEY_RUN(x) (L_RUN(x) && LKEY(x) == 1)
+#define KEY_LIMIT_OK (K_LIMIT == 0 || L_KEY_RUN(0) + L_KEY_RUN(1) + L_KEY_RUN(2) + L_KEY_RUN(3) <= K_LIMIT)
+#define RATE_OK (R_LIMIT == 0 || g_win <= R_LIMIT)
 
 #define DONE_J(j) (FINAL(jstate[j]) || jstate[j] == PRUNED || jstate[j] == ABSENT)
 #define ALL_FINAL (DONE_J(0) && DONE_J(1) && DONE_J(2) && DONE_J(3))
@@ -710,6 +785,9 @@ inline claimed(w, k, j, iso) {
   if :: live[j] != 0 -> h_double++ :: else -> skip fi;
   if :: cancel_req[j] -> h_rerun++ :: else -> skip fi;
   if :: isolated[j] && !iso -> h_iso_claim++ :: else -> skip fi;
+#ifdef LIMITS
+  if :: LIMITED(j) -> g_win++ :: else -> skip fi;   /* ghost: only with -DLIMITS, so */
+#endif                                             /* other runs keep their depths */
   jstate[j] = RUNNING; attempt[j]++; owner[j] = w; NEW_TOKEN(j); expired[j] = false;
   claims[j]++; holder[j] = claims[j]; live[j] = claims[j];
   v_job[k] = j; v_tok[k] = version[j]; v_gid[k] = claims[j];
@@ -739,19 +817,40 @@ inline crash_worker(w) {
  * lease_version+1, lease_expires_at=now()+lease FROM (SELECT ... WHERE
  * state='available' AND NOT isolated ... FOR UPDATE SKIP P_LOCKED)          */
 #define CLAIM_W0(j) \
-  :: atomic { !frozen[0] && v_job[1] == NOJOB && CLAIMABLE(j) -> \
+  :: atomic { !frozen[0] && v_job[1] == NOJOB && CLAIMABLE(j) && CLAIM_SKIPS(j) -> \
        k = (v_job[0] == NOJOB -> 0 : 1); claimed(0, k, j, false); k = 0 }
 #define CLAIM_W1(j) \
-  :: atomic { !frozen[1] && v_job[2] == NOJOB && CLAIMABLE(j) -> claimed(1, 2, j, false) }
+  :: atomic { !frozen[1] && v_job[2] == NOJOB && CLAIMABLE(j) && CLAIM_SKIPS(j) -> claimed(1, 2, j, false) }
 
 /* CLAIM_ISOLATED: the same for one isolated job, for a worker that holds no
  * other isolated job and no claimed job it has not started                */
 #define CLAIM_ISOLATED_W0(j) \
-  :: atomic { !frozen[0] && v_job[1] == NOJOB && jstate[j] == AVAILABLE && isolated[j] && ALONE(0) -> \
+  :: atomic { !frozen[0] && v_job[1] == NOJOB && jstate[j] == AVAILABLE && isolated[j] && ALONE(0) && \
+              CLAIM_SKIPS(j) -> \
        k = (v_job[0] == NOJOB -> 0 : 1); claimed(0, k, j, true); k = 0 }
 #define CLAIM_ISOLATED_W1(j) \
-  :: atomic { !frozen[1] && v_job[2] == NOJOB && jstate[j] == AVAILABLE && isolated[j] && ALONE(1) -> \
+  :: atomic { !frozen[1] && v_job[2] == NOJOB && jstate[j] == AVAILABLE && isolated[j] && ALONE(1) && \
+              CLAIM_SKIPS(j) -> \
        claimed(1, 2, j, true) }
+
+/* CLAIM_LIMITED: the claim of a queue with limits, in the worker's
+ * transaction: SELECT ... FROM conveyor_queue FOR NO KEY UPDATE, then a
+ * second statement, whose snapshot is taken after that lock is granted: it counts
+ * the queue's running rows and those per key, reads the rate log, claims
+ * jobs i and j (i == j: one) as CLAIM does, each with a new token, within
+ * least(batch, concurrency - running, rate - logged) and key_concurrency -
+ * running per key, and appends its count to the rate log.  Claims of one
+ * queue serialize on its row lock: one step.  Worker 0 claims one job into
+ * a free slot or two into both; worker 1 one.                             */
+#define CLAIM_LIMITED_W0(i, j) \
+  :: atomic { !frozen[0] && ((i) == (j) -> v_job[1] == NOJOB : v_job[0] == NOJOB) && \
+              LIMITED_TAKES(0, i, j) -> \
+       k = (v_job[0] == NOJOB -> 0 : 1); claimed(0, k, i, isolated[i]); \
+       if :: (i) != (j) -> claimed(0, 1, j, false) :: else -> skip fi; \
+       RATE_LOG(BATCH(i, j)); k = 0 }
+#define CLAIM_LIMITED_W1(j) \
+  :: atomic { !frozen[1] && v_job[2] == NOJOB && LIMITED_TAKES(1, j, j) -> \
+       claimed(1, 2, j, isolated[j]); RATE_LOG(1) }
 
 /* HEARTBEAT: UPDATE ... SET lease_expires_at = now()+lease WHERE id, state,
  * lease_owner, lease_version (SKIP P_LOCKED: the slot's own locked row is
@@ -1028,6 +1127,11 @@ end_loop:
 #ifdef ISOLATION
   CLAIM_ISOLATED_W0(0) CLAIM_ISOLATED_W0(1)
 #endif
+#ifdef LIMITS
+  CLAIM_LIMITED_W0(0, 0) CLAIM_LIMITED_W0(1, 1) CLAIM_LIMITED_W0(2, 2) CLAIM_LIMITED_W0(3, 3)
+  CLAIM_LIMITED_W0(0, 1) CLAIM_LIMITED_W0(0, 2) CLAIM_LIMITED_W0(0, 3)
+  CLAIM_LIMITED_W0(1, 2) CLAIM_LIMITED_W0(1, 3) CLAIM_LIMITED_W0(2, 3)
+#endif
   SLOT(0, 0)
   SLOT(0, 1)
 #ifdef CRON
@@ -1043,6 +1147,9 @@ end_loop:
   CLAIM_W1(0) CLAIM_W1(1) CLAIM_W1(2) CLAIM_W1(3)
 #ifdef ISOLATION
   CLAIM_ISOLATED_W1(0) CLAIM_ISOLATED_W1(1)
+#endif
+#ifdef LIMITS
+  CLAIM_LIMITED_W1(0) CLAIM_LIMITED_W1(1) CLAIM_LIMITED_W1(2) CLAIM_LIMITED_W1(3)
 #endif
   SLOT(1, 2)
 #ifdef CRON
@@ -1092,6 +1199,11 @@ end_loop:
 #define THAW(w) \
   :: atomic { frozen[w] && !forever[w] -> frozen[w] = false; printf("Thaw       worker %d\n", w) }
 
+/* NewWindow: time passes into a new window of the rate; the claims logged
+ * in the old one no longer count (the code's window slides)               */
+#define NEW_WINDOW \
+  :: atomic { R_LIMIT > 0 && (rate_log > 0 || g_win > 0) -> rate_log = 0; g_win = 0 }
+
 /* Clock: time reaches the next tick of the schedule */
 #define CLOCK :: atomic { now < MAX_TICK -> now++ }
 /* CronSync: the settings sync (or an admin edit) recomputes next_tick_at,
@@ -1110,6 +1222,9 @@ end_loop:
   FREEZE(0) FREEZE(1) FREEZE_FOREVER(0) FREEZE_FOREVER(1)
   THAW(0) THAW(1)
   CLOCK CRON_SYNC
+#ifdef LIMITS
+  NEW_WINDOW
+#endif
   od
 }
 
@@ -1296,7 +1411,8 @@ T0: do \
 
 INVARIANT(safety, LEASE_OK && FENCED && EFFECT_OK && LOCK_OK && CRASH_OK && WAIT_OK && UNBLOCK_OK
                   && COUNT_OK && WF_OK && OPERATOR_OK && CANCEL_OK && TICKS_OK
-                  && GATES_OK && UNIQUE_OK && DUP_OK && REPLACE_OK)
+                  && GATES_OK && UNIQUE_OK && DUP_OK && REPLACE_OK
+                  && LIMIT_OK && KEY_LIMIT_OK && RATE_OK)
 INVARIANT(lease_exclusive, LEASE_OK)
 INVARIANT(fenced_writes, FENCED)
 INVARIANT(effect_once, EFFECT_OK)
@@ -1316,6 +1432,9 @@ INVARIANT(checkpoint_once, CKPT_OK)
 INVARIANT(unique_key_held, UNIQUE_OK)
 INVARIANT(duplicate_of_holder, DUP_OK)
 INVARIANT(replace_pending, REPLACE_OK)
+INVARIANT(limit_held, LIMIT_OK)
+INVARIANT(key_limit_held, KEY_LIMIT_OK)
+INVARIANT(rate_held, RATE_OK)
 
 /* Liveness, as never claims of the negated formulas (as spin writes them):
  * all_final is <>[] ALL_FINAL (every job ends final and stays so), and

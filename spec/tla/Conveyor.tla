@@ -9,6 +9,7 @@
 (*   RECORD_RESULT  RETRY  FAIL  SNOOZE  RELEASE  REAP  REQUEUE  CANCEL    *)
 (*   PRUNE  REQUEST_CANCEL  CANCEL_HELD  CRON_ENQUEUE  ENQUEUE_REPLACE     *)
 (*   HEARTBEAT_PROGRESS (issue 24): HEARTBEAT with handlers' progress      *)
+(*   CLAIM_LIMITED: the claim of a queue that has limits (flow control)    *)
 (*   UNBLOCK, CANCEL_DEPENDENTS, REBLOCK_DEPENDENTS: the statements that   *)
 (*   run in the same transaction as COMPLETE, as the writes that make a    *)
 (*   job failed/dead/cancelled, and as REQUEUE (operators below).          *)
@@ -33,6 +34,8 @@
 (*                    resumable steps recorded by CHECKPOINT               *)
 (*   Uniq             unique jobs (issue 23): keyed calls, the unique      *)
 (*                    index, debounce (ENQUEUE_REPLACE)                    *)
+(*   Lim              flow control: one queue with limits (concurrency,    *)
+(*                    per-key concurrency, rate), claimed by CLAIM_LIMITED *)
 (*                                                                         *)
 (* Ghost state, for the properties only, records what the protocol is     *)
 (* supposed to achieve without reading the columns its guards compare:     *)
@@ -77,6 +80,14 @@ CONSTANTS
 \* Uniq.replace the keyed calls with on_duplicate = 'replace'.
 CONSTANTS Uniq
 
+\* ---- flow control: Lim.jobs are the jobs of the one queue that has limits
+\* (the other jobs' queue has none); Lim.conc its concurrency (running jobs
+\* of the queue, every worker's), Lim.key[j] the concurrency key of job j
+\* (NoKey: none, not limited by key), Lim.keyConc its key_concurrency
+\* (running jobs per key), Lim.rate its rate (claims per window of one
+\* period).  0: no such limit.  Lim.jobs = {} switches the feature off.
+CONSTANTS Lim
+
 Final     == {"completed", "failed", "dead", "cancelled"}
 NoKey     == "none"     \* unique_key IS NULL
 Doomed    == {"failed", "dead", "cancelled"}
@@ -105,6 +116,7 @@ ASSUME
     /\ SignalBudget \in Nat /\ Checkpoints \in BOOLEAN
     /\ Uniq.states \subseteq States /\ Uniq.replace \subseteq Jobs
     /\ \A j \in Jobs : Uniq.key[j] # NoKey => Deps[j] = {}   \* refused at the edge
+    /\ Lim.jobs \subseteq Jobs /\ {Lim.conc, Lim.keyConc, Lim.rate} \subseteq Nat
 
 VARIABLES
     \* ---- conveyor_job, one row per job ----
@@ -150,13 +162,26 @@ VARIABLES
     ckptCount,  \* ghost: checkpoint records committed for the job's step (0..2)
     stepEffect  \* ghost: committed business writes of the checkpointed step (0..2)
 
+\* ---- flow control
+VARIABLES
+    rateLog,    \* the queue's rate log: claims it records in the current window
+    winClaims   \* ghost: limited jobs that started running in the current window,
+                \* by whatever statement
+
 row    == <<jstate, attempt, owner, version, expired, lockedBy, isolated,
             cancelReq, pending, cause, ledger, business>>
 ghost  == <<claims, holder, liveGid, completer, lostTo, alarms>>
 cron   == <<now, nextTick, seen, expect, cronJobs>>
 vars   == <<row, held, frozen, ghost, left, cron>>
 waits  == <<outcomes, signalsLeft, ckpt, ckptCount, stepEffect>>
-allVars == <<vars, waits>>
+flow   == <<rateLog, winClaims>>
+allVars == <<vars, waits, flow>>
+
+FlowTypeOK ==
+    /\ rateLog   \in 0..(Cardinality(Jobs) * MaxClaims)
+    /\ winClaims \in 0..(Cardinality(Jobs) * MaxClaims)
+
+FlowInit == rateLog = 0 /\ winClaims = 0
 
 WaitsTypeOK ==
     /\ outcomes    \in [Jobs -> 0..2]
@@ -202,6 +227,7 @@ TypeOK ==
     /\ seen \in [Workers -> 0..MaxTick] /\ expect \in [Workers -> 0..(MaxTick + 1)]
     /\ cronJobs \in [1..MaxTick -> 0..2]
     /\ WaitsTypeOK
+    /\ FlowTypeOK
 
 Init ==
     /\ jstate    = [j \in Jobs |-> "absent"]
@@ -233,6 +259,7 @@ Init ==
     /\ seen = [w \in Workers |-> 0] /\ expect = [w \in Workers |-> 0]
     /\ cronJobs = [t \in 1..MaxTick |-> 0]
     /\ WaitsInit
+    /\ FlowInit
 
 -----------------------------------------------------------------------------
 (* Helpers *)
@@ -482,11 +509,12 @@ Claimed(w, j, iso) ==
 
 \* UPDATE ... SET state='running', attempt=attempt+1, lease_owner=w,
 \*   lease_version=lease_version+1, lease_expires_at=now()+lease
-\* FROM (SELECT id ... WHERE state='available' AND NOT isolated ...
-\*       FOR UPDATE SKIP LOCKED)
+\* FROM (SELECT id ... WHERE state='available' AND NOT isolated
+\*       AND the queue is neither paused nor limited ... FOR UPDATE SKIP LOCKED)
 CLAIM(w, j) ==
     /\ ~frozen[w]
     /\ Cardinality(held[w]) < Concurrency
+    /\ j \notin Lim.jobs     \* a queue with limits is filtered out, as a paused one
     /\ jstate[j] = "available"
     /\ ~isolated[j]
     /\ Claimed(w, j, FALSE)
@@ -497,10 +525,87 @@ CLAIM_ISOLATED(w, j) ==
     /\ Isolation
     /\ ~frozen[w]
     /\ Cardinality(held[w]) < Concurrency
+    /\ j \notin Lim.jobs     \* CLAIM_LIMITED takes those
     /\ \A a \in held[w] : ~a.iso /\ a.phase # "claimed"
     /\ jstate[j] = "available"
     /\ isolated[j]
     /\ Claimed(w, j, TRUE)
+
+-----------------------------------------------------------------------------
+(* Flow control: the claim of a queue that has limits *)
+
+\* Ghost: the limited jobs that start running in a step, by whatever
+\* statement (so that RateHeld does not read the rate log the guard reads).
+CountStarts ==
+    winClaims' = winClaims + Cardinality({x \in Lim.jobs : /\ jstate[x] # "running"
+                                                          /\ jstate'[x] = "running"})
+
+\* The claim of the jobs S, as Claimed for each (a batch is claimed in one
+\* statement; each row gets its own new token).
+ClaimedBatch(w, S, iso) ==
+    /\ jstate'  = [x \in Jobs |-> IF x \in S THEN "running" ELSE jstate[x]]
+    /\ attempt' = [x \in Jobs |-> IF x \in S THEN attempt[x] + 1 ELSE attempt[x]]
+    /\ owner'   = [x \in Jobs |-> IF x \in S THEN w ELSE owner[x]]
+    /\ version' = [x \in Jobs |-> IF x \in S THEN version[x] + 1 ELSE version[x]]
+    /\ expired' = [x \in Jobs |-> IF x \in S THEN FALSE ELSE expired[x]]
+    /\ held'    = [held EXCEPT ![w] = @ \cup {NewAttempt(x, iso) : x \in S}]
+    /\ claims'  = [x \in Jobs |-> IF x \in S THEN claims[x] + 1 ELSE claims[x]]
+    /\ holder'  = [x \in Jobs |-> IF x \in S THEN claims[x] + 1 ELSE holder[x]]
+    /\ liveGid' = [x \in Jobs |-> IF x \in S THEN claims[x] + 1 ELSE liveGid[x]]
+    /\ alarms'  = alarms \cup
+         UNION {(IF liveGid[x] # 0 THEN Raise("double", "CLAIM_LIMITED", x) ELSE {})
+                \cup (IF cancelReq[x] THEN Raise("rerun", "CLAIM_LIMITED", x) ELSE {})
+                \cup (IF isolated[x] /\ ~iso THEN Raise("isolated", "CLAIM_LIMITED", x) ELSE {})
+                : x \in S}
+    /\ UNCHANGED <<lockedBy, isolated, cancelReq, pending, cause, ledger, business,
+                   frozen, completer, lostTo, left, cron>>
+
+\* The claim of a queue with limits, in the claiming worker's transaction:
+\*   SELECT ... FROM conveyor_queue WHERE name = <queue> FOR NO KEY UPDATE
+\* then a second statement, whose snapshot is taken after that lock is
+\* granted: it counts the queue's rows in state 'running' (every worker's,
+\* expired leases that REAP has not taken back included) and those of each
+\* concurrency key, reads the rate log's claims in the window, and
+\*   UPDATE ... SET state='running', attempt=attempt+1, lease_owner=w,
+\*     lease_version=lease_version+1, lease_expires_at=now()+lease
+\*   FROM (SELECT id ... WHERE queue = <queue> AND state='available' ...
+\*         LIMIT least(batch, concurrency - running, rate - started),
+\*         at most key_concurrency - running(key) per key, FOR UPDATE SKIP LOCKED)
+\* appending its count to the rate log.  Claims of one queue serialize on
+\* the queue's row lock, so the count and the claim are one step.  Which
+\* jobs of the room are taken (priority, the round-robin of 'fair' across
+\* keys) is free here: S is any batch within the limits.  An isolated job of
+\* the queue is taken alone, with CLAIM_ISOLATED's guard.
+CLAIM_LIMITED(w, S) ==
+    /\ ~frozen[w]
+    /\ S # {} /\ S \subseteq Lim.jobs
+    /\ Cardinality(held[w]) + Cardinality(S) <= Concurrency
+    /\ \A x \in S : jstate[x] = "available"
+    /\ LET running == {x \in Lim.jobs : jstate[x] = "running"}
+           iso     == \E x \in S : isolated[x]
+       IN
+       /\ Lim.conc = 0 \/ Cardinality(running) + Cardinality(S) <= Lim.conc
+       /\ Lim.keyConc = 0 \/ \A x \in S : Lim.key[x] = NoKey \/
+            Cardinality({y \in running \cup S : Lim.key[y] = Lim.key[x]}) <= Lim.keyConc
+       /\ Lim.rate = 0 \/ rateLog + Cardinality(S) <= Lim.rate
+       /\ iso => Cardinality(S) = 1 /\ \A a \in held[w] : ~a.iso /\ a.phase # "claimed"
+       /\ ClaimedBatch(w, S, iso)
+    /\ rateLog' = IF Lim.rate = 0 THEN rateLog ELSE rateLog + Cardinality(S)
+    /\ CountStarts
+
+\* Time passes into a new window of the rate: the claims logged in the old
+\* one no longer count.  (The code's window slides; here it moves at once,
+\* at any moment.)
+NewWindow ==
+    /\ Lim.rate > 0
+    /\ rateLog + winClaims > 0
+    /\ rateLog' = 0
+    /\ winClaims' = 0
+    /\ UNCHANGED <<vars, waits>>
+
+FlowStep ==
+    \/ \E w \in Workers : \E S \in SUBSET Lim.jobs : CLAIM_LIMITED(w, S)
+    \/ NewWindow
 
 \* UPDATE ... SET lease_expires_at = now()+lease
 \*   WHERE id, state='running', lease_owner=w, lease_version=tok
@@ -1193,9 +1298,15 @@ KeepWaits ==
                                    THEN 0 ELSE outcomes[g]]
     /\ UNCHANGED <<signalsLeft, ckpt, ckptCount, stepEffect>>
 
-Next == (CoreNext /\ KeepWaits) \/ WaitStep
+\* Every other step keeps the rate log (the ghost counts what it starts).
+KeepFlow == UNCHANGED rateLog /\ CountStarts
 
-ClaimSome == \E w \in Workers, j \in Jobs : CLAIM(w, j) \/ CLAIM_ISOLATED(w, j)
+Next == (CoreNext /\ KeepWaits /\ KeepFlow) \/ (WaitStep /\ KeepFlow)
+        \/ (FlowStep /\ UNCHANGED waits)
+
+ClaimSome ==
+    \/ \E w \in Workers, j \in Jobs : CLAIM(w, j) \/ CLAIM_ISOLATED(w, j)
+    \/ \E w \in Workers : \E S \in SUBSET Lim.jobs : CLAIM_LIMITED(w, S)
 
 \* Fairness, the premises of "no job is lost": time passes; the reaper runs;
 \* some free slot claims an available job; a worker that is not frozen makes
@@ -1213,6 +1324,7 @@ Fairness ==
          /\ WF_vars(SchedulerRead(w) \/ CRON_ENQUEUE(w))
     /\ WF_vars(Clock)
     /\ \A j \in Jobs : WF_vars(GATE_TIMEOUT(j))
+    /\ WF_allVars(NewWindow)
 
 Spec == Init /\ [][Next]_allVars /\ Fairness
 
@@ -1414,6 +1526,24 @@ CheckpointOnce ==
     /\ ~Alarmed("stale step")
     /\ \A j \in Jobs : ckptCount[j] <= 1 /\ stepEffect[j] = ckptCount[j]
 
+\* Flow control, written out (not through CLAIM_LIMITED's count): the rows
+\* of the limited queue in state 'running' never exceed its concurrency,
+\* those of one concurrency key never its key_concurrency, and no window
+\* starts more of its jobs than its rate (ghost winClaims, whatever
+\* statement started them).
+LimitHeld ==
+    Lim.conc > 0 => Cardinality({x \in Lim.jobs : jstate[x] = "running"}) <= Lim.conc
+
+KeyLimitHeld ==
+    Lim.keyConc > 0 =>
+        \A x \in Lim.jobs :
+            Lim.key[x] # NoKey =>
+                Cardinality({y \in Lim.jobs : Lim.key[y] = Lim.key[x] /\ jstate[y] = "running"})
+                    <= Lim.keyConc
+
+RateHeld == Lim.rate > 0 => winClaims <= Lim.rate
+
+THEOREM Spec => [](LimitHeld /\ KeyLimitHeld /\ RateHeld)
 THEOREM Spec => [](GateNeverClaimed /\ GateOnce /\ GateAfterUpstream /\ CheckpointOnce)
 THEOREM Spec => [](TypeOK /\ LeaseExclusive /\ FencedWrites /\ EffectOnce /\ LockHeld
                    /\ CrashContained /\ DependentsWait /\ CounterExact

@@ -31,4 +31,17 @@ JobsAndWorkers == {p @@ q : p \in Permutations(Jobs), q \in Permutations(Workers
 WorkersOnly    == Permutations(Workers)
 \* Unique.cfg: j2 and j3 (both replace) are interchangeable, and the workers.
 ReplacersAndWorkers == {p @@ q : p \in Permutations({j2, j3}), q \in Permutations(Workers)}
+
+\* Flow control: off everywhere but in Limits.cfg.
+NoLimits == [jobs |-> {}, conc |-> 0, key |-> [j \in Jobs |-> NoKey], keyConc |-> 0, rate |-> 0]
+
+\* One queue with every job: at most 2 running, at most 1 running per key (j1
+\* and j2 share the key "a"; j3 and j4 have none), at most 2 claims per window.
+QueueLimits == [jobs |-> Jobs, conc |-> 2,
+                key |-> [j \in Jobs |-> IF j \in {j1, j2} THEN "a" ELSE NoKey],
+                keyConc |-> 1, rate |-> 2]
+
+\* Limits.cfg: the key mates j1 and j2 are interchangeable, j3 and j4, and the workers.
+KeyMatesAndWorkers == {p @@ q @@ r : p \in Permutations({j1, j2}), q \in Permutations({j3, j4}),
+                                     r \in Permutations(Workers)}
 =============================================================================
