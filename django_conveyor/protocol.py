@@ -1042,13 +1042,18 @@ WITH RECURSIVE q AS (
     SELECT c.id, c.priority, c.run_after, w.pos, c.rank
     FROM walk AS w, room, LATERAL (
         SELECT j.id, j.priority, j.run_after,
-               row_number() OVER (ORDER BY j.priority DESC, j.run_after, j.id) AS rank
+               row_number() OVER (
+                   ORDER BY j.concurrency_key, j.priority DESC, j.run_after, j.id) AS rank
         FROM conveyor_job AS j
-        WHERE j.state = 'available' AND j.queue = %(queue)s AND j.concurrency_key = w.k
+        -- The key as a range of one, and first in the order and the rank: with
+        -- `= w.k` the planner drops the key from the order (it is fixed), and
+        -- when its statistics think one key is every row it may walk the claim
+        -- order of every queue (conveyor_job_claim_idx) past that key's backlog
+        -- to find this key's rows; this order only conveyor_job_key_ready_idx
+        -- gives, so every plan reads the key's own rows.
+        WHERE j.state = 'available' AND j.queue = %(queue)s
+          AND j.concurrency_key >= w.k AND j.concurrency_key <= w.k
           AND j.run_after <= now() AND NOT j.isolated AND NOT %(isolated)s
-        -- The key first: one key's rows are already in that order, and only in
-        -- conveyor_job_key_ready_idx, so no plan walks the queue's claim order
-        -- past another key's backlog to find this key's rows.
         ORDER BY j.concurrency_key, j.priority DESC, j.run_after, j.id
         LIMIT greatest(0, least((SELECT n FROM share), room.key_concurrency - (
             SELECT count(*) FROM conveyor_job AS r
