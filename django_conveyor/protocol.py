@@ -797,6 +797,19 @@ class Lease(NamedTuple):
 #   epochs (float8: an infinite timestamp gives an infinite delay, where
 #   timestamp subtraction raises), and a value Python cannot load comes back
 #   as `readable.Unreadable`, for the worker to fail that job alone.
+# What every claim returns, a Lease's fields in order, from its `claimed` rows.
+_LEASE_OF_CLAIMED = """\
+SELECT id, task_path, args, kwargs, queue, backend, priority, attempt, max_attempts,
+       lease_version, idempotency_key, enqueued_at, started_at, lease_owner,
+       date_part('epoch', started_at) - date_part('epoch', greatest(enqueued_at, run_after))
+           AS pickup_delay,
+       NULLIF(errors, '[]'::jsonb) AS errors, isolated, enqueued_run_after,
+       tags, meta
+FROM claimed
+ORDER BY priority DESC, run_after, id
+"""
+
+
 # A queue with limits: CLAIM and CLAIM_ISOLATED leave its jobs to CLAIM_LIMITED.
 _LIMITED = (
     "q.concurrency IS NOT NULL OR q.key_concurrency IS NOT NULL OR q.rate_count IS NOT NULL "
@@ -832,15 +845,7 @@ WITH picked AS (
     WHERE j.id = ANY(ARRAY(SELECT id FROM picked))
     RETURNING j.*
 )
-SELECT id, task_path, args, kwargs, queue, backend, priority, attempt, max_attempts,
-       lease_version, idempotency_key, enqueued_at, started_at, lease_owner,
-       date_part('epoch', started_at) - date_part('epoch', greatest(enqueued_at, run_after))
-           AS pickup_delay,
-       NULLIF(errors, '[]'::jsonb) AS errors, isolated, enqueued_run_after,
-       tags, meta
-FROM claimed
-ORDER BY priority DESC, run_after, id
-"""
+{_LEASE_OF_CLAIMED}"""
 
 
 # NOT isolated is a filter on the claim index (whose predicate is state alone):
@@ -968,7 +973,8 @@ def lock_limited(cursor: Cursor, *, queues: Sequence[str]) -> list[str]:
 # Isolated jobs of a limited queue (REAP returned them) are claimed by this
 # statement too (`isolated` true, a limit of 1, through
 # conveyor_job_isolated_idx), with CLAIM_ISOLATED's guard.
-CLAIM_LIMITED = """
+CLAIM_LIMITED = (
+    """
 WITH RECURSIVE q AS (
     SELECT q.name, q.concurrency, q.key_concurrency, q.fair, q.rate_count, q.rate_seconds,
            q.rate_times, q.rate_counts,
@@ -1127,15 +1133,9 @@ WITH RECURSIVE q AS (
       AND (room.keyed OR room.rate_count IS NOT NULL
            OR u.fair_cursor IS NOT NULL OR cardinality(u.rate_times) > 0)
 )
-SELECT id, task_path, args, kwargs, queue, backend, priority, attempt, max_attempts,
-       lease_version, idempotency_key, enqueued_at, started_at, lease_owner,
-       date_part('epoch', started_at) - date_part('epoch', greatest(enqueued_at, run_after))
-           AS pickup_delay,
-       NULLIF(errors, '[]'::jsonb) AS errors, isolated, enqueued_run_after,
-       tags, meta
-FROM claimed
-ORDER BY priority DESC, run_after, id
 """
+    + _LEASE_OF_CLAIMED
+)
 
 
 def claim_limited(
