@@ -810,6 +810,25 @@ ORDER BY priority DESC, run_after, id
 """
 
 
+def _claimed(started_at: str) -> str:
+    """Every claim's `claimed` CTE: each `picked` row running, with a new fencing token.
+
+    The one place a token is issued (lease_version + 1, the owner, a new
+    lease); `started_at` is the SQL of when the attempt starts.
+    """
+    return f"""claimed AS (
+    UPDATE conveyor_job AS j
+    SET state = 'running',
+        attempt = j.attempt + 1,
+        lease_owner = %(owner)s,
+        lease_version = j.lease_version + 1,
+        lease_expires_at = now() + make_interval(secs => %(lease)s),
+        started_at = {started_at}
+    WHERE j.id = ANY(ARRAY(SELECT id FROM picked))
+    RETURNING j.*
+)"""
+
+
 # A queue with limits: CLAIM and CLAIM_ISOLATED leave its jobs to CLAIM_LIMITED.
 _LIMITED = (
     "q.concurrency IS NOT NULL OR q.key_concurrency IS NOT NULL OR q.rate_count IS NOT NULL "
@@ -834,17 +853,7 @@ WITH picked AS (
     ORDER BY priority DESC, run_after, id
     LIMIT {limit}
     FOR UPDATE SKIP LOCKED
-), claimed AS (
-    UPDATE conveyor_job AS j
-    SET state = 'running',
-        attempt = j.attempt + 1,
-        lease_owner = %(owner)s,
-        lease_version = j.lease_version + 1,
-        lease_expires_at = now() + make_interval(secs => %(lease)s),
-        started_at = now()
-    WHERE j.id = ANY(ARRAY(SELECT id FROM picked))
-    RETURNING j.*
-)
+), {_claimed("now()")}
 {_LEASE_OF_CLAIMED}"""
 
 
@@ -948,6 +957,19 @@ def lock_limited(cursor: Cursor, *, queues: Sequence[str]) -> list[str]:
     return [row[0] for row in cursor.fetchall()]
 
 
+def _next_key(after: str) -> str:
+    """One step of the fair walk, as `k`: the queue's first key with ready jobs after
+    `after`, else its first key (round the ring); an index probe of
+    conveyor_job_key_ready_idx each."""
+    keys = """SELECT j.concurrency_key FROM conveyor_job AS j
+         WHERE j.state = 'available' AND j.queue = %(queue)s AND j.concurrency_key IS NOT NULL"""
+    return f"""SELECT coalesce(
+        ({keys} AND j.concurrency_key > {after}
+         ORDER BY j.concurrency_key LIMIT 1),
+        ({keys}
+         ORDER BY j.concurrency_key LIMIT 1)) AS k"""
+
+
 # How CLAIM_LIMITED keeps its cost in proportion to the batch and the limit,
 # not to the table or the backlog of one key:
 # - room: the batch, less the queue's running rows under `concurrency`, less
@@ -973,8 +995,7 @@ def lock_limited(cursor: Cursor, *, queues: Sequence[str]) -> list[str]:
 # Isolated jobs of a limited queue (REAP returned them) are claimed by this
 # statement too (`isolated` true, a limit of 1, through
 # conveyor_job_isolated_idx), with CLAIM_ISOLATED's guard.
-CLAIM_LIMITED = (
-    """
+CLAIM_LIMITED = f"""
 WITH RECURSIVE q AS (
     SELECT q.name, q.concurrency, q.key_concurrency, q.fair, q.rate_count, q.rate_seconds,
            q.rate_times, q.rate_counts,
@@ -983,10 +1004,12 @@ WITH RECURSIVE q AS (
            clock_timestamp() AS stamp
     FROM conveyor_queue AS q
     WHERE q.name = %(queue)s AND NOT q.paused
-), started AS (
-    SELECT coalesce(sum(r.c), 0) AS n
+), logged AS (  -- The rate window's entries (t, c): c starts at epoch t.
+    SELECT r.t, r.c
     FROM q, unnest(q.rate_times, q.rate_counts) AS r(t, c)
     WHERE r.t > date_part('epoch', q.stamp) - q.rate_seconds
+), started AS (
+    SELECT coalesce(sum(c), 0) AS n FROM logged
 ), counted AS (
     SELECT q.*,
            CASE WHEN q.concurrency IS NOT NULL OR q.keyed THEN (
@@ -1006,25 +1029,11 @@ WITH RECURSIVE q AS (
     FROM counted AS c
 ), walk(k, pos, first) AS (
     SELECT s.k, 1, s.k
-    FROM room, LATERAL (SELECT coalesce(
-        (SELECT j.concurrency_key FROM conveyor_job AS j
-         WHERE j.state = 'available' AND j.queue = %(queue)s
-           AND j.concurrency_key IS NOT NULL AND j.concurrency_key > room.cursor
-         ORDER BY j.concurrency_key LIMIT 1),
-        (SELECT j.concurrency_key FROM conveyor_job AS j
-         WHERE j.state = 'available' AND j.queue = %(queue)s AND j.concurrency_key IS NOT NULL
-         ORDER BY j.concurrency_key LIMIT 1)) AS k) AS s
+    FROM room, LATERAL ({_next_key("room.cursor")}) AS s
     WHERE room.keyed AND room.n > 0 AND s.k IS NOT NULL
   UNION ALL
     SELECT s.k, w.pos + 1, w.first
-    FROM walk AS w, room, LATERAL (SELECT coalesce(
-        (SELECT j.concurrency_key FROM conveyor_job AS j
-         WHERE j.state = 'available' AND j.queue = %(queue)s
-           AND j.concurrency_key IS NOT NULL AND j.concurrency_key > w.k
-         ORDER BY j.concurrency_key LIMIT 1),
-        (SELECT j.concurrency_key FROM conveyor_job AS j
-         WHERE j.state = 'available' AND j.queue = %(queue)s AND j.concurrency_key IS NOT NULL
-         ORDER BY j.concurrency_key LIMIT 1)) AS k) AS s
+    FROM walk AS w, room, LATERAL ({_next_key("w.k")}) AS s
     WHERE w.pos < room.n + room.running AND s.k <> w.first
 ), unkeyed AS (
     SELECT h.id, h.priority, h.run_after, 0 AS pos,
@@ -1094,48 +1103,30 @@ WITH RECURSIVE q AS (
     SELECT j.id FROM conveyor_job AS j
     WHERE j.id = ANY(ARRAY(SELECT id FROM chosen)) AND j.state = 'available'
     FOR UPDATE SKIP LOCKED
-), claimed AS (
-    UPDATE conveyor_job AS j
-    SET state = 'running',
-        attempt = j.attempt + 1,
-        lease_owner = %(owner)s,
-        lease_version = j.lease_version + 1,
-        lease_expires_at = now() + make_interval(secs => %(lease)s),
-        started_at = (SELECT stamp FROM q)
-    WHERE j.id = ANY(ARRAY(SELECT id FROM picked))
-    RETURNING j.*
-), served AS (
+), {_claimed("(SELECT stamp FROM q)")}, served AS (
     SELECT count(*)::int AS n,
            max(c.pos) FILTER (WHERE c.pos > 0) AS last_pos
     FROM claimed JOIN chosen AS c ON c.id = claimed.id
+), kept AS (  -- The window after this claim: what is in it, and this claim's starts.
+    SELECT t, c FROM logged
+    UNION ALL
+    SELECT date_part('epoch', q.stamp), served.n FROM q, served WHERE served.n > 0
 ), noted AS (
     UPDATE conveyor_queue AS u
     SET fair_cursor = CASE WHEN room.keyed THEN coalesce(
             (SELECT w.k FROM walk AS w WHERE w.pos = (SELECT last_pos FROM served)),
             (SELECT w.k FROM walk AS w ORDER BY w.pos DESC LIMIT 1),
             u.fair_cursor) ELSE NULL END,
-        rate_times = CASE WHEN room.rate_count IS NULL THEN '{}'::float8[] ELSE ARRAY(
-            SELECT r.t FROM (
-                SELECT r.t FROM unnest(room.rate_times, room.rate_counts) AS r(t, c)
-                WHERE r.t > date_part('epoch', room.stamp) - room.rate_seconds
-                UNION ALL
-                SELECT date_part('epoch', room.stamp) FROM served WHERE served.n > 0
-            ) AS r ORDER BY r.t) END,
-        rate_counts = CASE WHEN room.rate_count IS NULL THEN '{}'::int[] ELSE ARRAY(
-            SELECT r.c FROM (
-                SELECT r.t, r.c FROM unnest(room.rate_times, room.rate_counts) AS r(t, c)
-                WHERE r.t > date_part('epoch', room.stamp) - room.rate_seconds
-                UNION ALL
-                SELECT date_part('epoch', room.stamp), served.n FROM served WHERE served.n > 0
-            ) AS r ORDER BY r.t) END
+        rate_times = CASE WHEN room.rate_count IS NULL THEN '{{}}'::float8[]
+                          ELSE ARRAY(SELECT t FROM kept ORDER BY t) END,
+        rate_counts = CASE WHEN room.rate_count IS NULL THEN '{{}}'::int[]
+                           ELSE ARRAY(SELECT c FROM kept ORDER BY t) END
     FROM room
     WHERE u.name = room.name
       AND (room.keyed OR room.rate_count IS NOT NULL
            OR u.fair_cursor IS NOT NULL OR cardinality(u.rate_times) > 0)
 )
-"""
-    + _LEASE_OF_CLAIMED
-)
+{_LEASE_OF_CLAIMED}"""
 
 
 def claim_limited(
