@@ -30,7 +30,6 @@ RATE = re.compile(r"\s*(\d+)\s*/\s*([smh])\s*")
 FIELDS = ("concurrency", "rate", "key_concurrency", "fair")
 MAX_QUEUE_NAME = 64  # conveyor_queue.name
 HINT = "See docs/flow-control.md for the limits a queue may carry and how to write them."
-SYNC_LOCK = 0x636F6E76_71756575 & 0x7FFFFFFFFFFFFFFF  # "convqueu": one sync at a time.
 
 
 class InvalidLimit(ValueError):
@@ -136,6 +135,16 @@ def positive(value: Any, *, where: str) -> int | None:
             f"for no limit, not {value!r}.",
         )
     return value
+
+
+def count_from_text(text: str, *, where: str, blank_is_none: bool = True) -> int | None:
+    """A limit typed as text (a form, a command line): a whole number, or blank for none
+    (unless `blank_is_none` is False: then blank is refused as any other word)."""
+    text = text.strip()
+    if not text and blank_is_none:
+        return None
+    value: Any = int(text) if re.fullmatch(r"[+-]?[0-9]+", text) else text
+    return positive(value, where=where)
 
 
 def fairness(value: Any, *, where: str) -> bool:
@@ -245,12 +254,8 @@ def sync(database: str, specs: Mapping[str, Limits] | None = None) -> SyncCounts
             if row.declared_limits == limits.declared():
                 kept += 1
                 continue
-            for key, value in limits.columns().items():
-                setattr(row, key, value)
             row.declared_limits = limits.declared()
-            row.limits_changed_at = timezone.now()
-            row.limits_changed_by = "settings"
-            row.save(using=database)
+            _write(row, limits, actor="settings", database=database, also=["declared_limits"])
             written.append(name)
     return SyncCounts(len(written), kept, tuple(written))
 
@@ -267,12 +272,23 @@ def set_limits(name: str, limits: Limits, *, actor: str) -> tuple[Limits, Limits
         Queue.objects.using(database).get_or_create(name=name)
         row = Queue.objects.using(database).select_for_update().get(name=name)
         before = of(row)
-        for key, value in limits.columns().items():
-            setattr(row, key, value)
-        row.limits_changed_at = timezone.now()
-        row.limits_changed_by = actor[:255]
-        row.save(using=database)
+        _write(row, limits, actor=actor, database=database)
     return before, limits
+
+
+def _write(
+    row: Any, limits: Limits, *, actor: str, database: str, also: list[str] | None = None
+) -> None:
+    """Save `limits` (and the fields in `also`) on a locked conveyor_queue row, and who did."""
+    columns = limits.columns()
+    for key, value in columns.items():
+        setattr(row, key, value)
+    row.limits_changed_at = timezone.now()
+    row.limits_changed_by = actor[:255]
+    row.save(
+        using=database,
+        update_fields=[*columns, "limits_changed_at", "limits_changed_by", *(also or [])],
+    )
 
 
 def current(name: str) -> Limits:

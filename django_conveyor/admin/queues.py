@@ -8,7 +8,6 @@ form validates them as `limits` does and writes them through
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from django import forms
@@ -24,7 +23,6 @@ from . import overview
 from .base import ConveyorDatabaseAdmin, actor_for
 
 LIMIT_FIELDS = ("concurrency", "rate", "key_concurrency", "fair")
-WHOLE_NUMBER = re.compile(r"\s*[+-]?[0-9]+\s*")
 
 COUNTED = ("ready", "scheduled", "running_jobs", "failed", "dead")
 
@@ -72,10 +70,8 @@ class QueueLimitsForm(forms.ModelForm):
                     self.initial[name] = "" if value is None else value
 
     def _limit(self, name: str) -> int | None:
-        text = self.cleaned_data.get(name) or ""
-        value: Any = int(text) if WHOLE_NUMBER.fullmatch(text) else text.strip() or None
         try:
-            return limits.positive(value, where=name)
+            return limits.count_from_text(self.cleaned_data.get(name) or "", where=name)
         except limits.InvalidLimit as exc:
             raise forms.ValidationError(str(exc)) from None
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -129,8 +128,6 @@ def _flag(option: str) -> str:
 
 def _count(text: str, *, where: str) -> int | None:
     """A limit of jobs at once from the command line: a whole number, or the word none."""
-    text = text.strip()
-    if text.lower() == NONE:
+    if text.strip().lower() == NONE:
         return None
-    value: Any = int(text) if re.fullmatch(r"[+-]?[0-9]+", text) else text
-    return limits.positive(value, where=where)
+    return limits.count_from_text(text, where=where, blank_is_none=False)
