@@ -18,6 +18,10 @@ import psycopg
 from django_conveyor import embedded
 
 STOP_TIMEOUT_SECONDS = 30.0
+# Frozen workers keep their connections (one per handler thread, plus the
+# loop's and the listener's) until the end of a run; at 10,000 jobs and 32
+# slots `sigstop-atomic` leaves enough of them to exhaust the default 100.
+MAX_CONNECTIONS = 400
 
 
 def free_port() -> int:
@@ -28,7 +32,18 @@ def free_port() -> int:
 
 
 def start(data_dir: Path, port: int) -> None:
-    """Start (initdb first if needed) the server of *data_dir* on 127.0.0.1:*port*."""
+    """Start (initdb first if needed) the server of *data_dir* on 127.0.0.1:*port*.
+
+    A new cluster is restarted once with `MAX_CONNECTIONS` (written with
+    ALTER SYSTEM, so later restarts of the run keep it).
+    """
+    embedded.start(data_dir, tcp_port=port)
+    with connect(port) as conn:
+        current = int(conn.execute("SHOW max_connections").fetchone()[0])
+        if current >= MAX_CONNECTIONS:
+            return
+        conn.execute(f"ALTER SYSTEM SET max_connections = {MAX_CONNECTIONS}")
+    stop(data_dir)
     embedded.start(data_dir, tcp_port=port)
 
 
