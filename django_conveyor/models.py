@@ -26,7 +26,7 @@ UNIQUE_NO_WINDOW = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 # A keyed job holds its key while its state is one of its own blocking states.
 HOLDS_KEY = Q(unique_states__has_key=models.F("state"))
 # The predicate of the secondary indexes that leave running rows out
-# (conveyor_job_reap_idx has those); `state <> 'running'` in PostgreSQL.
+# (conveyor_job_reap_idx has those); a query's state <> 'running' implies it.
 NOT_RUNNING = ~Q(state="running")
 
 
