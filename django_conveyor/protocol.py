@@ -975,7 +975,7 @@ def _next_key(after: str) -> str:
 # - room: the batch, less the queue's running rows under `concurrency`, less
 #   the starts logged in the last rate period under `rate` (least() skips
 #   a limit that is NULL); the running rows are counted only when a limit
-#   needs them, through conveyor_job_list_idx (at most `concurrency` rows);
+#   needs them, through conveyor_job_reap_idx (at most `concurrency` rows);
 # - a queue with `key_concurrency` or `fair` walks its keys with ready jobs
 #   through conveyor_job_key_ready_idx, one index probe per key, from the
 #   queue's cursor round the ring, at most room + running keys (a key with

@@ -8,7 +8,8 @@ How each figure is found (docs/metrics.md says the same for operators):
 
 - Jobs that are blocked, available or running are counted exactly. Each
   count reads only its own rows, through `conveyor_job_list_idx`
-  `(state, queue, id)`, so its cost follows the backlog, not the history.
+  `(state, queue, id)` (the running ones, which it leaves out, through
+  `conveyor_job_reap_idx`), so its cost follows the backlog, not the history.
 - Finished jobs (completed, failed, dead, cancelled) are counted exactly up
   to `EXACT_BELOW` per queue and state, with a count that stops reading
   there; above it the figure is PostgreSQL's own estimate (`EXPLAIN`, from
@@ -44,10 +45,16 @@ LIVE_STATES = (JobState.BLOCKED, JobState.AVAILABLE, JobState.RUNNING)
 FINISHED_STATES = (JobState.COMPLETED, JobState.FAILED, JobState.DEAD, JobState.CANCELLED)
 DEAD_LETTER_STATES = (JobState.FAILED, JobState.DEAD)
 
+# The running jobs apart: conveyor_job_list_idx leaves them out, and
+# conveyor_job_reap_idx has them, by queue.
 COUNT_LIVE = """
 SELECT queue, state, count(*) FROM conveyor_job
-WHERE state = ANY(%(states)s)
+WHERE state = ANY(%(states)s) AND state <> 'running'
 GROUP BY queue, state
+UNION ALL
+SELECT queue, 'running', count(*) FROM conveyor_job
+WHERE state = 'running' AND 'running' = ANY(%(states)s)
+GROUP BY queue
 """
 
 # A loose index scan: one index probe per distinct queue, instead of reading
@@ -108,7 +115,7 @@ THROTTLE_REASONS = ("concurrency", "rate", "key_concurrency")
 # reach rate_count), every ready job waits for that; otherwise the ready jobs
 # whose key has `key_concurrency` running jobs wait for their key. One
 # statement per limited queue, so the planner sees the queue's own figures:
-# the running jobs up to `concurrency` through conveyor_job_list_idx; then
+# the running jobs up to `concurrency` through conveyor_job_reap_idx; then
 # (CASE runs one branch) either the ready jobs through
 # conveyor_job_claim_queue_idx, or the keys at their limit through
 # conveyor_job_key_running_idx and each one's ready jobs through

@@ -10,13 +10,14 @@ from typing import Any
 from django.contrib import admin
 from django.contrib.admin.models import CHANGE, LogEntry
 from django.contrib.contenttypes.models import ContentType
-from django.core.paginator import Paginator
-from django.db.models import QuerySet
+from django.core.paginator import Page, Paginator
+from django.db.models import Q, QuerySet
 from django.http import HttpRequest
 
 from ..conf import conveyor_settings
-from ..models import Job
+from ..models import NOT_RUNNING, Job
 from ..queue_counts import EXACT_BELOW
+from ..states import JobState
 
 OPERATE_PERMISSION = "conveyor.operate"
 VIEW_PAYLOADS_PERMISSION = "conveyor.view_payloads"
@@ -107,3 +108,47 @@ class EstimatedCountPaginator(Paginator):
         self.estimated = True
         plan = json.loads(queryset.explain(format="json"))
         return max(int(plan[0]["Plan"]["Plan Rows"]), exact)
+
+
+class JobListPaginator(EstimatedCountPaginator):
+    """Pages of jobs read in two parts merged by id: the running jobs and the others.
+
+    The queue, task and list indexes leave running rows out (migration
+    0016), so a list filtered by queue or task is one range of them only
+    for the rows that are not running; the running ones (as many as the
+    leases held) come from conveyor_job_reap_idx. Each part keeps the
+    list's order and stops at the page's end, so a page reads at most
+    twice its offset and length, whatever the table's size.
+    """
+
+    PARTS = (NOT_RUNNING, Q(state=JobState.RUNNING))
+
+    def parts(self) -> list[QuerySet[Any]]:
+        return [self.object_list.filter(part) for part in self.PARTS]
+
+    @cached_property
+    def count(self) -> int:
+        parts = [part.order_by() for part in self.parts()]
+        exact = sum(part[: EXACT_COUNT_LIMIT + 1].count() for part in parts)
+        if exact <= EXACT_COUNT_LIMIT:
+            return exact
+        self.estimated = True
+        plans = [json.loads(part.explain(format="json")) for part in parts]
+        return max(sum(int(plan[0]["Plan"]["Plan Rows"]) for plan in plans), exact)
+
+    def rows(self, bottom: int, top: int) -> list[Any]:
+        """The list's rows from `bottom` up to `top` (exclusive), in its id order."""
+        ordering = self.object_list.query.order_by or Job._meta.ordering
+        by = "id" if ordering and ordering[0] in ("id", "pk") else "-id"
+        if top <= bottom:
+            return []
+        first, *others = (part.order_by(by)[:top] for part in self.parts())
+        return list(first.union(*others, all=True).order_by(by)[bottom:top])
+
+    def page(self, number: Any) -> Page:
+        number = self.validate_number(number)
+        bottom = (number - 1) * self.per_page
+        top = bottom + self.per_page
+        if top + self.orphans >= self.count:
+            top = self.count
+        return self._get_page(self.rows(bottom, top), number, self)

@@ -30,7 +30,7 @@ from ..tasks import known_task_paths
 from ..unique import KEY_FORMAT
 from . import jobpage, workflow
 from .actions import cancel_jobs, job_page_action, requeue_jobs
-from .base import EstimatedCountPaginator, ReadOnlyAdmin, can_view_payloads
+from .base import EstimatedCountPaginator, JobListPaginator, ReadOnlyAdmin, can_view_payloads
 
 LIST_COLUMNS = (
     "id",
@@ -101,6 +101,13 @@ class LeanChangeList(ChangeList):
         queryset = super().get_queryset(request, *args, **kwargs)
         return queryset.only(*self.model_admin.list_columns)
 
+    def get_results(self, request: HttpRequest) -> None:
+        super().get_results(request)
+        if isinstance(self.result_list, QuerySet):
+            # One page, or "show all": Django would read the unsliced queryset,
+            # which no index without running rows serves; read it in parts too.
+            self.result_list = self.paginator.rows(0, self.result_count)
+
 
 class LedgerInline(admin.TabularInline):
     model = LedgerEntry
@@ -145,7 +152,7 @@ class JobAdmin(ReadOnlyAdmin):
     sortable_by = ("id",)  # Sorting by anything else would sort the whole table.
     actions = [requeue_jobs, cancel_jobs]
     inlines = [LedgerInline]
-    paginator = EstimatedCountPaginator
+    paginator = JobListPaginator
     show_full_result_count = False
     change_form_template = "admin/conveyor/job/change_form.html"
 

@@ -12,10 +12,14 @@ state (found first with a loose index scan). Every pair is a constant in
 its branch, so the planner knows from the statistics which pairs are rare
 (read from the index range) and which hold most of the table (read from
 the primary key backwards, which fills a page as fast). Without either
-filter the primary key is read backwards. The `task` filter is applied
-inside those reads. With `unique_key` (unique jobs), the page is read from
-the key's two indexes (`models.unique_key_is`), the other filters applied
-to the few jobs of that key.
+filter the primary key is read backwards; with a task or a search but no
+state or queue, the running jobs (from `conveyor_job_reap_idx`) and the
+others are read apart, since the task and list indexes leave running rows
+out. The `task` filter is applied inside those reads. With `unique_key`
+(unique jobs), the page is read from the key's two indexes
+(`models.unique_key_is`), the other filters applied to the few jobs of that
+key. Pages with state `running` read `conveyor_job_reap_idx`, which leads
+with the queue (the list index leaves running rows out).
 """
 
 from __future__ import annotations
@@ -48,6 +52,15 @@ WHERE j.id < %(before)s {task}
 ORDER BY j.id DESC
 LIMIT %(limit)s
 """
+# With a task or a search but neither state nor queue: the running jobs and
+# the others apart, since the task index (like the list index) leaves
+# running rows out and conveyor_job_reap_idx has them.
+_PART = """(
+    SELECT {columns} FROM conveyor_job AS j
+    WHERE j.id < %(before)s AND j.state {part} 'running' {task}
+    ORDER BY j.id DESC
+    LIMIT %(limit)s
+)"""
 TASK_FILTER = "AND j.task_path = %(task)s"
 NO_CURSOR = 2**63 - 1
 
@@ -108,7 +121,10 @@ def query(
         task_filter += f" AND ({where[0]})"
         params.update(where[1])
     if not (state or queue):
-        return PAGE.format(task=task_filter, columns=_columns()), params
+        if not task_filter:
+            return PAGE.format(task=task_filter, columns=_columns()), params
+        parts = [_PART.format(part=p, task=task_filter, columns=_columns()) for p in ("<>", "=")]
+        return _merged(parts), params
     pairs = _pairs(database, state, queue)
     if not pairs:
         return "SELECT * FROM conveyor_job WHERE false", params
@@ -116,12 +132,16 @@ def query(
     for n, (pair_state, pair_queue) in enumerate(pairs):
         params[f"state_{n}"], params[f"queue_{n}"] = pair_state, pair_queue
         branches.append(_BRANCH.format(n=n, task=task_filter, columns=_columns()))
-    sql = (
+    return _merged(branches), params
+
+
+def _merged(branches: list[str]) -> str:
+    """One page from reads that each give their newest jobs first."""
+    return (
         "SELECT page.* FROM (\n"
         + "\nUNION ALL\n".join(branches)
         + "\n) AS page\nORDER BY page.id DESC\nLIMIT %(limit)s"
     )
-    return sql, params
 
 
 def _of_key(

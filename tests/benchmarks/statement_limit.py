@@ -241,7 +241,8 @@ FINAL = "state IN ('completed', 'failed', 'dead', 'cancelled')"
 
 
 def recreate(name: str, columns: str, where: str) -> tuple[str, ...]:
-    return (f"DROP INDEX {name}", f"CREATE INDEX {name} ON conveyor_job ({columns}) WHERE {where}")
+    partial = f" WHERE {where}" if where else ""
+    return (f"DROP INDEX {name}", f"CREATE INDEX {name} ON conveyor_job ({columns}){partial}")
 
 
 # The admin/API/stats secondary indexes without running rows (the reap index has them).
@@ -251,11 +252,26 @@ NOT_RUNNING = (
     + recreate("conveyor_job_list_idx", "state, queue, id", "state <> 'running'")
 )
 
+# The layout before migration 0016: the secondary indexes over every row, the
+# running index on lease_expires_at alone.
+BEFORE_0016 = (
+    recreate("conveyor_job_queue_id_idx", "queue, id", "")
+    + recreate("conveyor_job_task_id_idx", "task_path, id", "")
+    + recreate("conveyor_job_list_idx", "state, queue, id", "")
+    + recreate("conveyor_job_reap_idx", "lease_expires_at", "state = 'running'")
+)
+
 DESIGNS = {
     d.name: d
     for d in (
         Design(
             "shipped", "protocol.CLAIM + protocol.COMPLETE, pipelined (the limit today)", shipped
+        ),
+        Design(
+            "before-0016",
+            "the shipped pair on the table's layout before migration 0016 (full indexes)",
+            shipped,
+            ddl=BEFORE_0016,
         ),
         Design(
             "shipped+unblock",
@@ -383,6 +399,24 @@ DESIGNS = {
             "secondary-not-running + fillfactor 70 (the candidate layout)",
             shipped,
             ddl=("ALTER TABLE conveyor_job SET (fillfactor = 70)", *NOT_RUNNING),
+        ),
+        Design(
+            "lean-ff50",
+            "secondary-not-running + fillfactor 50",
+            shipped,
+            ddl=("ALTER TABLE conveyor_job SET (fillfactor = 50)", *NOT_RUNNING),
+        ),
+        Design(
+            "lean-ff85",
+            "secondary-not-running + fillfactor 85",
+            shipped,
+            ddl=("ALTER TABLE conveyor_job SET (fillfactor = 85)", *NOT_RUNNING),
+        ),
+        Design(
+            "not-running-no-queue-id",
+            "diagnostic: secondary-not-running without conveyor_job_queue_id_idx",
+            shipped,
+            ddl=NOT_RUNNING + drop("conveyor_job_queue_id_idx"),
         ),
         Design(
             "admin-final-only",

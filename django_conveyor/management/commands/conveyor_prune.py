@@ -49,8 +49,14 @@ class Command(BaseCommand):
             raise CommandError(f"Unknown database alias {unknown[0]!r}.")
         total = 0
         for database in databases:
+            # The queues with finished jobs (only those are pruned): a read of
+            # the list index, which leaves running rows out.
             queues = options["queues"] or list(
-                Job.objects.using(database).order_by().values_list("queue", flat=True).distinct()
+                Job.objects.using(database)
+                .filter(state__in=list(FINAL_STATES))
+                .order_by()
+                .values_list("queue", flat=True)
+                .distinct()
             )
             if options["dry_run"]:
                 total += self.count(database, queues, older_than)
