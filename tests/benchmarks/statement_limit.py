@@ -792,15 +792,17 @@ def enqueue_from(source: str) -> str:
     return f"WITH input AS (\n    {source.strip()}\n{sep}{rest}"
 
 
-ARRAYS_INPUT = """
-SELECT t.task_path, t.args::jsonb AS args, t.kwargs::jsonb AS kwargs, t.queue, t.backend,
-       t.priority, t.max_attempts, t.run_after, t.idempotency_key, t.ord::int AS ord,
-       0 AS pending, 'cancel'::text AS policy
-FROM unnest(%(task_path)s::text[], %(args)s::text[], %(kwargs)s::text[], %(queue)s::text[],
-            %(backend)s::text[], %(priority)s::int[], %(max_attempts)s::int[],
-            %(run_after)s::timestamptz[], %(idempotency_key)s::text[])
-     WITH ORDINALITY AS t(task_path, args, kwargs, queue, backend, priority, max_attempts,
-                          run_after, idempotency_key, ord)
+# The JSON recordset ENQUEUE read its rows from before the typed arrays.
+RECORDSET_INPUT = """
+SELECT * FROM jsonb_to_recordset(%(rows)s::jsonb) AS t(
+    task_path text, args jsonb, kwargs jsonb, queue text, backend text, priority int,
+    max_attempts int, run_after timestamptz, idempotency_key text, ord int,
+    pending int, policy text,
+    gate jsonb,
+    tags jsonb, meta jsonb,
+    unique_key text, unique_period float8, unique_states jsonb, uniqueness jsonb,
+    concurrency_key text
+)
 """
 
 COPY_STAGE = """
@@ -812,7 +814,10 @@ CREATE TEMPORARY TABLE IF NOT EXISTS conveyor_enqueue_stage (
 
 STAGE_INPUT = """
 SELECT task_path, args, kwargs, queue, backend, priority, max_attempts, run_after,
-       idempotency_key, ord, 0 AS pending, 'cancel'::text AS policy
+       idempotency_key, ord, 0 AS pending, 'cancel'::text AS policy, NULL::jsonb AS gate,
+       NULL::jsonb AS tags, NULL::jsonb AS meta, NULL::text AS unique_key,
+       NULL::float8 AS unique_period, NULL::jsonb AS unique_states, NULL::jsonb AS uniqueness,
+       NULL::text AS concurrency_key
 FROM conveyor_enqueue_stage
 """
 
@@ -846,25 +851,28 @@ def _new_jobs(rows: list[dict[str, Any]]) -> list[Any]:
     ]  # fmt: skip
 
 
-def enqueue_recordset(cur: Any, rows: list[dict[str, Any]]) -> int:
+def enqueue_shipped(cur: Any, rows: list[dict[str, Any]]) -> int:
+    """protocol.enqueue(), as the backend calls it."""
     from django_conveyor import protocol
 
     return len(protocol.enqueue(cur, _new_jobs(rows), notify=True))
+
+
+def enqueue_recordset(cur: Any, rows: list[dict[str, Any]]) -> int:
+    """ENQUEUE's logic with its input as one JSON document per call (what it was before)."""
+    sent = [
+        {**r, "ord": i, "pending": 0, "policy": "cancel", "args": r["args"], "kwargs": r["kwargs"]}
+        for i, r in enumerate(rows)
+    ]
+    statement = tagged("recordset", enqueue_from(RECORDSET_INPUT))
+    cur.execute(statement, {"rows": json.dumps(sent), "notify": True, "channel": "conveyor"})
+    return len(cur.fetchall())
 
 
 def enqueue_values(cur: Any, rows: list[dict[str, Any]]) -> int:
     (row,) = rows
     params = {**row, "args": json.dumps(row["args"]), "kwargs": json.dumps(row["kwargs"])}
     cur.execute(tagged("values", ENQUEUE_VALUES), {**params, "notify": True, "channel": "conveyor"})
-    return len(cur.fetchall())
-
-
-def enqueue_arrays(cur: Any, rows: list[dict[str, Any]]) -> int:
-    params: dict[str, Any] = {key: [r[key] for r in rows] for key in rows[0]}
-    params["args"] = [json.dumps(a, separators=(",", ":")) for a in params["args"]]
-    params["kwargs"] = [json.dumps(k, separators=(",", ":")) for k in params["kwargs"]]
-    statement = tagged("arrays", enqueue_from(ARRAYS_INPUT))
-    cur.execute(statement, {**params, "notify": True, "channel": "conveyor"})
     return len(cur.fetchall())
 
 
@@ -898,6 +906,10 @@ class EnqueueDesign:
     keyed: bool = False
     transaction: bool = False  # Wrap each call in BEGIN/COMMIT (COPY + INSERT needs it).
     ddl: tuple[str, ...] = field(default=())
+    # Client-side binding (psycopg's ClientCursor, as Django's connections use by
+    # default: the statement is planned on every call); else server-side binding
+    # with prepared statements (Django's OPTIONS server_side_binding).
+    client_binding: bool = True
 
 
 _FLOOR = "bare INSERT + COMMIT, one index (the floor)"
@@ -912,36 +924,33 @@ ENQUEUE_DESIGNS = {
     d.name: d
     for d in (
         EnqueueDesign("floor", _FLOOR, floor_insert, bulk=False),
-        EnqueueDesign("recordset-1", "ENQUEUE, one-row JSON recordset", enqueue_recordset, False),
+        EnqueueDesign("recordset-1", "ENQUEUE from a one-row JSON recordset (before)",
+                      enqueue_recordset, bulk=False),
+        EnqueueDesign("shipped-1", "protocol.enqueue(): ENQUEUE from typed arrays",
+                      enqueue_shipped, bulk=False),
+        EnqueueDesign("shipped-1-prepared", "the same, server-side binding, prepared",
+                      enqueue_shipped, bulk=False, client_binding=False),
         EnqueueDesign("values-1", "a single-row INSERT ... VALUES", enqueue_values, bulk=False),
-        EnqueueDesign(
-            "values-1-lean",
-            "single-row VALUES; one claim index, admin indexes on finished rows only",
-            enqueue_values,
-            bulk=False,
-            ddl=LEAN_ENQUEUE,
-        ),
-        EnqueueDesign(
-            "arrays-bulk-lean",
-            "typed arrays per chunk; the lean indexes",
-            enqueue_arrays,
-            bulk=True,
-            ddl=LEAN_ENQUEUE,
-        ),
+        EnqueueDesign("values-1-lean",
+                      "single-row VALUES; one claim index, admin indexes on finished rows only",
+                      enqueue_values, bulk=False, ddl=LEAN_ENQUEUE),
+        EnqueueDesign("shipped-bulk-lean", "typed arrays per chunk; the lean indexes",
+                      enqueue_shipped, bulk=True, ddl=LEAN_ENQUEUE),
         EnqueueDesign("recordset-1-keyed", "the same, keyed", enqueue_recordset, False, True),
+        EnqueueDesign("shipped-1-keyed", "the same, keyed", enqueue_shipped, False, True),
         EnqueueDesign("values-1-keyed", "the same, keyed", enqueue_values, bulk=False, keyed=True),
-        EnqueueDesign(
-            "recordset-bulk", "ENQUEUE, a JSON recordset per chunk", enqueue_recordset, True
-        ),
-        EnqueueDesign("arrays-bulk", "unnest of typed arrays per chunk", enqueue_arrays, bulk=True),
+        EnqueueDesign("recordset-bulk", "ENQUEUE from a JSON recordset per chunk (before)",
+                      enqueue_recordset, bulk=True),
+        EnqueueDesign("shipped-bulk", "protocol.enqueue(): typed arrays per chunk",
+                      enqueue_shipped, bulk=True),
         EnqueueDesign(
             "copy-bulk", "COPY to a stage, INSERT ... SELECT", enqueue_copy, True, False, True
         ),
         EnqueueDesign("recordset-bulk-keyed", "keyed", enqueue_recordset, bulk=True, keyed=True),
-        EnqueueDesign("arrays-bulk-keyed", "keyed", enqueue_arrays, bulk=True, keyed=True),
+        EnqueueDesign("shipped-bulk-keyed", "keyed", enqueue_shipped, bulk=True, keyed=True),
         EnqueueDesign("copy-bulk-keyed", "keyed", enqueue_copy, True, True, True),
     )
-}
+}  # fmt: skip
 
 
 def measure_enqueue(design: EnqueueDesign, calls: int, chunk: int) -> dict[str, Any]:
@@ -962,7 +971,8 @@ def measure_enqueue(design: EnqueueDesign, calls: int, chunk: int) -> dict[str, 
         written = 0
         started = time.perf_counter()
         cpu = time.process_time()
-        with conn.cursor() as cur:
+        cursor = psycopg.ClientCursor(conn) if design.client_binding else conn.cursor()
+        with cursor as cur:
             for i in range(calls):
                 rows = _job_rows(i * per_call, per_call, design.keyed)
                 if design.transaction:
