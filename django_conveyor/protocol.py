@@ -544,7 +544,7 @@ _ENQUEUE_NUMBERS = frozenset(name for name, kind in ENQUEUE_INPUT if kind in ("i
 
 def _enqueue_params(rows: list[tuple[Any, ...]], notify: bool) -> dict[str, Any]:
     """ENQUEUE's parameters: its rows as one array per column, and the NOTIFY switch."""
-    columns = list(zip(*rows, strict=True)) or [()] * len(ENQUEUE_INPUT)
+    columns = list(zip(*rows, strict=True)) or [()] * len(ENQUEUE_INPUT)  # Tuples.
     params: dict[str, Any] = {
         name: _array(values, quote=name not in _ENQUEUE_NUMBERS)
         for (name, _), values in zip(ENQUEUE_INPUT, columns, strict=True)
@@ -554,7 +554,7 @@ def _enqueue_params(rows: list[tuple[Any, ...]], notify: bool) -> dict[str, Any]
     return params
 
 
-def _array(values: Sequence[Any], *, quote: bool) -> str | None:
+def _array(values: tuple[Any, ...], *, quote: bool) -> str | None:
     """An array's text form (`{"a","b",NULL}`), which the statement casts to its type.
 
     One text parameter per column, not a list: psycopg adapts a list element
@@ -562,14 +562,19 @@ def _array(values: Sequence[Any], *, quote: bool) -> str | None:
     quoted (a backslash escapes a quote or a backslash in them), numbers are
     not. A column of NULLs is sent as NULL: unnest pads it to the others' length.
     """
-    if all(v is None for v in values):
+    nulls = values.count(None)
+    if nulls == len(values):
         return None
     if quote:
-        return "{" + ",".join(["NULL" if v is None else _quoted(v) for v in values]) + "}"
-    return "{" + ",".join(["NULL" if v is None else str(v) for v in values]) + "}"
+        return "{" + ",".join(map(_quoted, values)) + "}"
+    if nulls:
+        return "{" + ",".join(["NULL" if v is None else str(v) for v in values]) + "}"
+    return "{" + ",".join(map(str, values)) + "}"
 
 
-def _quoted(text: str) -> str:
+def _quoted(text: str | None) -> str:
+    if text is None:
+        return "NULL"
     if '"' in text or "\\" in text:
         text = text.replace("\\", "\\\\").replace('"', '\\"')
     return f'"{text}"'

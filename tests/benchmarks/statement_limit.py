@@ -778,23 +778,25 @@ RETURNING id, idempotency_key, enqueued_at, run_after, state,
 
 
 def enqueue_from(source: str) -> str:
-    """protocol.ENQUEUE with its input rows read from `source` instead of a JSON recordset.
+    """protocol.ENQUEUE with its input rows read from `source` instead of its arrays.
 
-    `source` yields ENQUEUE's input columns (task_path, args, kwargs, queue,
-    backend, priority, max_attempts, run_after, idempotency_key, ord,
-    pending, policy); everything after the input is the shipped statement.
+    `source` is a FROM item named `input` with ENQUEUE's input columns
+    (protocol.ENQUEUE_INPUT) and `ord`; everything else is the shipped statement.
     """
     from django_conveyor import protocol
 
-    head, sep, rest = protocol.ENQUEUE.partition("), inserted AS (")
-    if not head.strip().startswith("WITH input AS (") or not sep:
-        raise RuntimeError("protocol.ENQUEUE no longer starts with the input this design edits")
-    return f"WITH input AS (\n    {source.strip()}\n{sep}{rest}"
+    head, sep, rest = protocol.ENQUEUE.partition("FROM unnest(")
+    _, on, tail = rest.partition("\nORDER BY ord")
+    if not sep or not on:
+        raise RuntimeError("protocol.ENQUEUE no longer reads the input this design edits")
+    return f"{head}FROM {source.strip()}{on}{tail}"
 
 
-# The JSON recordset ENQUEUE read its rows from before the typed arrays.
-RECORDSET_INPUT = """
-SELECT * FROM jsonb_to_recordset(%(rows)s::jsonb) AS t(
+# ENQUEUE before its input became typed arrays: a JSON recordset per call, in
+# a CTE, inserted by a second CTE that the outer SELECT read (NOTIFY there).
+RECORDSET_ENQUEUE = """
+WITH input AS (
+    SELECT * FROM jsonb_to_recordset(%(rows)s::jsonb) AS t(
     task_path text, args jsonb, kwargs jsonb, queue text, backend text, priority int,
     max_attempts int, run_after timestamptz, idempotency_key text, ord int,
     pending int, policy text,
@@ -803,7 +805,38 @@ SELECT * FROM jsonb_to_recordset(%(rows)s::jsonb) AS t(
     unique_key text, unique_period float8, unique_states jsonb, uniqueness jsonb,
     concurrency_key text
 )
+), inserted AS (
+    INSERT INTO conveyor_job (
+        task_path, args, kwargs, queue, backend, priority, state, attempt, max_attempts,
+        run_after, enqueued_run_after, lease_version, idempotency_key, errors, enqueued_at,
+        pending_dependencies, dependency_policy,
+        gate, gate_deadline,
+        tags, meta,
+        unique_key, unique_window, unique_states, uniqueness, concurrency_key
+    )
+    SELECT task_path, args, kwargs, queue, backend, priority,
+           CASE WHEN pending > 0 OR input.gate IS NOT NULL THEN 'blocked' ELSE 'available' END,
+           0, max_attempts,
+           COALESCE(run_after, now()), run_after, 0, idempotency_key, '[]'::jsonb, now(),
+           pending, policy,
+           gate, CASE WHEN input.gate IS NOT NULL AND pending = 0
+               THEN COALESCE((input.gate ->> 'until')::timestamptz,
+                    now() + make_interval(secs => (input.gate ->> 'seconds')::float8))
+               ELSE NULL END,
+           tags, meta,
+           unique_key, CASE WHEN unique_period IS NOT NULL THEN to_timestamp(
+               floor(extract(epoch FROM now())::float8 / unique_period) * unique_period) END,
+           unique_states, uniqueness, concurrency_key
+    FROM input ORDER BY ord
+    ON CONFLICT DO NOTHING
+    RETURNING id, idempotency_key, queue, run_after, enqueued_at, state, unique_key
+)
+SELECT id, idempotency_key, enqueued_at, run_after, state, unique_key,
+       CASE WHEN %(notify)s AND state = 'available' AND run_after <= now()
+            THEN pg_notify(%(channel)s, queue) END
+FROM inserted
 """
+
 
 COPY_STAGE = """
 CREATE TEMPORARY TABLE IF NOT EXISTS conveyor_enqueue_stage (
@@ -813,12 +846,12 @@ CREATE TEMPORARY TABLE IF NOT EXISTS conveyor_enqueue_stage (
 """
 
 STAGE_INPUT = """
-SELECT task_path, args, kwargs, queue, backend, priority, max_attempts, run_after,
-       idempotency_key, ord, 0 AS pending, 'cancel'::text AS policy, NULL::jsonb AS gate,
-       NULL::jsonb AS tags, NULL::jsonb AS meta, NULL::text AS unique_key,
-       NULL::float8 AS unique_period, NULL::jsonb AS unique_states, NULL::jsonb AS uniqueness,
-       NULL::text AS concurrency_key
-FROM conveyor_enqueue_stage
+(SELECT task_path, args, kwargs, queue, backend, priority, max_attempts, run_after,
+        idempotency_key, ord, 0 AS pending, 'cancel'::text AS policy, NULL::jsonb AS gate,
+        NULL::jsonb AS tags, NULL::jsonb AS meta, NULL::text AS unique_key,
+        NULL::float8 AS unique_period, NULL::jsonb AS unique_states, NULL::jsonb AS uniqueness,
+        NULL::text AS concurrency_key
+ FROM conveyor_enqueue_stage) AS input
 """
 
 
@@ -864,7 +897,7 @@ def enqueue_recordset(cur: Any, rows: list[dict[str, Any]]) -> int:
         {**r, "ord": i, "pending": 0, "policy": "cancel", "args": r["args"], "kwargs": r["kwargs"]}
         for i, r in enumerate(rows)
     ]
-    statement = tagged("recordset", enqueue_from(RECORDSET_INPUT))
+    statement = tagged("recordset", RECORDSET_ENQUEUE)
     cur.execute(statement, {"rows": json.dumps(sent), "notify": True, "channel": "conveyor"})
     return len(cur.fetchall())
 
