@@ -13,6 +13,7 @@ from datetime import datetime, timedelta
 from types import SimpleNamespace
 from typing import Any
 
+import psycopg
 from django.apps import apps
 from django.core import checks
 from django.db import connections, transaction
@@ -312,7 +313,7 @@ class ConveyorBackend(BaseTaskBackend):
             raise ConveyorConfigurationError(
                 f"{not_postgresql(database, engine)} Point it at PostgreSQL 14 or newer."
             )
-        with connection.cursor() as cursor:
+        with enqueue_cursor(connection) as cursor:
             enqueued = protocol.enqueue(cursor, jobs, notify=conveyor_settings().NOTIFY)
         results = []
         send = heard(task_enqueued, log_task_enqueued, logging.DEBUG)
@@ -381,6 +382,36 @@ class ConveyorBackend(BaseTaskBackend):
                 hint='Add "django_conveyor" to INSTALLED_APPS and run migrate.',
                 id="conveyor.E010",
             )
+
+
+def enqueue_cursor(connection: Any) -> Any:
+    """Django's cursor for ENQUEUE; one that binds parameters on the server when the
+    connection may keep prepared statements, so that PostgreSQL plans ENQUEUE once
+    per connection instead of once per call (about half its time for one job).
+
+    Django turns prepared statements off unless OPTIONS sets `prepare_threshold`
+    (poolers in transaction mode lose them), and its default client-side binding
+    cannot prepare at all: with a threshold set and client-side binding, this
+    cursor binds on the server, and psycopg prepares ENQUEUE after that many
+    calls. Otherwise, and for everything else, it is Django's own cursor (its
+    health check, time zone, execute wrappers and query log either way).
+    """
+    connection.ensure_connection()
+    raw = connection.connection
+    factory = getattr(raw, "cursor_factory", None)
+    if (
+        getattr(raw, "prepare_threshold", None) is None
+        or factory is None
+        or not issubclass(factory, psycopg.ClientCursor)
+    ):
+        return connection.cursor()
+    from django.db.backends.postgresql.base import ServerBindingCursor
+
+    raw.cursor_factory = ServerBindingCursor
+    try:
+        return connection.cursor()
+    finally:
+        raw.cursor_factory = factory
 
 
 def concurrency_key_problem(key: Any) -> str | None:

@@ -812,30 +812,65 @@ RETURNING id, idempotency_key, enqueued_at, run_after, state,
 
 
 def enqueue_from(source: str) -> str:
-    """protocol.ENQUEUE with its input rows read from `source` instead of a JSON recordset.
+    """protocol.ENQUEUE with its input rows read from `source` instead of its arrays.
 
-    `source` yields ENQUEUE's input columns (task_path, args, kwargs, queue,
-    backend, priority, max_attempts, run_after, idempotency_key, ord,
-    pending, policy); everything after the input is the shipped statement.
+    `source` is a FROM item named `input` with ENQUEUE's input columns
+    (protocol.ENQUEUE_INPUT) and `ord`; everything else is the shipped statement.
     """
     from django_conveyor import protocol
 
-    head, sep, rest = protocol.ENQUEUE.partition("), inserted AS (")
-    if not head.strip().startswith("WITH input AS (") or not sep:
-        raise RuntimeError("protocol.ENQUEUE no longer starts with the input this design edits")
-    return f"WITH input AS (\n    {source.strip()}\n{sep}{rest}"
+    head, sep, rest = protocol.ENQUEUE.partition("FROM unnest(")
+    _, on, tail = rest.partition("\nORDER BY ord")
+    if not sep or not on:
+        raise RuntimeError("protocol.ENQUEUE no longer reads the input this design edits")
+    return f"{head}FROM {source.strip()}{on}{tail}"
 
 
-ARRAYS_INPUT = """
-SELECT t.task_path, t.args::jsonb AS args, t.kwargs::jsonb AS kwargs, t.queue, t.backend,
-       t.priority, t.max_attempts, t.run_after, t.idempotency_key, t.ord::int AS ord,
-       0 AS pending, 'cancel'::text AS policy
-FROM unnest(%(task_path)s::text[], %(args)s::text[], %(kwargs)s::text[], %(queue)s::text[],
-            %(backend)s::text[], %(priority)s::int[], %(max_attempts)s::int[],
-            %(run_after)s::timestamptz[], %(idempotency_key)s::text[])
-     WITH ORDINALITY AS t(task_path, args, kwargs, queue, backend, priority, max_attempts,
-                          run_after, idempotency_key, ord)
+# ENQUEUE before its input became typed arrays: a JSON recordset per call, in
+# a CTE, inserted by a second CTE that the outer SELECT read (NOTIFY there).
+RECORDSET_ENQUEUE = """
+WITH input AS (
+    SELECT * FROM jsonb_to_recordset(%(rows)s::jsonb) AS t(
+    task_path text, args jsonb, kwargs jsonb, queue text, backend text, priority int,
+    max_attempts int, run_after timestamptz, idempotency_key text, ord int,
+    pending int, policy text,
+    gate jsonb,
+    tags jsonb, meta jsonb,
+    unique_key text, unique_period float8, unique_states jsonb, uniqueness jsonb,
+    concurrency_key text
+)
+), inserted AS (
+    INSERT INTO conveyor_job (
+        task_path, args, kwargs, queue, backend, priority, state, attempt, max_attempts,
+        run_after, enqueued_run_after, lease_version, idempotency_key, errors, enqueued_at,
+        pending_dependencies, dependency_policy,
+        gate, gate_deadline,
+        tags, meta,
+        unique_key, unique_window, unique_states, uniqueness, concurrency_key
+    )
+    SELECT task_path, args, kwargs, queue, backend, priority,
+           CASE WHEN pending > 0 OR input.gate IS NOT NULL THEN 'blocked' ELSE 'available' END,
+           0, max_attempts,
+           COALESCE(run_after, now()), run_after, 0, idempotency_key, '[]'::jsonb, now(),
+           pending, policy,
+           gate, CASE WHEN input.gate IS NOT NULL AND pending = 0
+               THEN COALESCE((input.gate ->> 'until')::timestamptz,
+                    now() + make_interval(secs => (input.gate ->> 'seconds')::float8))
+               ELSE NULL END,
+           tags, meta,
+           unique_key, CASE WHEN unique_period IS NOT NULL THEN to_timestamp(
+               floor(extract(epoch FROM now())::float8 / unique_period) * unique_period) END,
+           unique_states, uniqueness, concurrency_key
+    FROM input ORDER BY ord
+    ON CONFLICT DO NOTHING
+    RETURNING id, idempotency_key, queue, run_after, enqueued_at, state, unique_key
+)
+SELECT id, idempotency_key, enqueued_at, run_after, state, unique_key,
+       CASE WHEN %(notify)s AND state = 'available' AND run_after <= now()
+            THEN pg_notify(%(channel)s, queue) END
+FROM inserted
 """
+
 
 COPY_STAGE = """
 CREATE TEMPORARY TABLE IF NOT EXISTS conveyor_enqueue_stage (
@@ -845,9 +880,12 @@ CREATE TEMPORARY TABLE IF NOT EXISTS conveyor_enqueue_stage (
 """
 
 STAGE_INPUT = """
-SELECT task_path, args, kwargs, queue, backend, priority, max_attempts, run_after,
-       idempotency_key, ord, 0 AS pending, 'cancel'::text AS policy
-FROM conveyor_enqueue_stage
+(SELECT task_path, args, kwargs, queue, backend, priority, max_attempts, run_after,
+        idempotency_key, ord, 0 AS pending, 'cancel'::text AS policy, NULL::jsonb AS gate,
+        NULL::jsonb AS tags, NULL::jsonb AS meta, NULL::text AS unique_key,
+        NULL::float8 AS unique_period, NULL::jsonb AS unique_states, NULL::jsonb AS uniqueness,
+        NULL::text AS concurrency_key
+ FROM conveyor_enqueue_stage) AS input
 """
 
 
@@ -880,25 +918,28 @@ def _new_jobs(rows: list[dict[str, Any]]) -> list[Any]:
     ]  # fmt: skip
 
 
-def enqueue_recordset(cur: Any, rows: list[dict[str, Any]]) -> int:
+def enqueue_shipped(cur: Any, rows: list[dict[str, Any]]) -> int:
+    """protocol.enqueue(), as the backend calls it."""
     from django_conveyor import protocol
 
     return len(protocol.enqueue(cur, _new_jobs(rows), notify=True))
+
+
+def enqueue_recordset(cur: Any, rows: list[dict[str, Any]]) -> int:
+    """ENQUEUE's logic with its input as one JSON document per call (what it was before)."""
+    sent = [
+        {**r, "ord": i, "pending": 0, "policy": "cancel", "args": r["args"], "kwargs": r["kwargs"]}
+        for i, r in enumerate(rows)
+    ]
+    statement = tagged("recordset", RECORDSET_ENQUEUE)
+    cur.execute(statement, {"rows": json.dumps(sent), "notify": True, "channel": "conveyor"})
+    return len(cur.fetchall())
 
 
 def enqueue_values(cur: Any, rows: list[dict[str, Any]]) -> int:
     (row,) = rows
     params = {**row, "args": json.dumps(row["args"]), "kwargs": json.dumps(row["kwargs"])}
     cur.execute(tagged("values", ENQUEUE_VALUES), {**params, "notify": True, "channel": "conveyor"})
-    return len(cur.fetchall())
-
-
-def enqueue_arrays(cur: Any, rows: list[dict[str, Any]]) -> int:
-    params: dict[str, Any] = {key: [r[key] for r in rows] for key in rows[0]}
-    params["args"] = [json.dumps(a, separators=(",", ":")) for a in params["args"]]
-    params["kwargs"] = [json.dumps(k, separators=(",", ":")) for k in params["kwargs"]]
-    statement = tagged("arrays", enqueue_from(ARRAYS_INPUT))
-    cur.execute(statement, {**params, "notify": True, "channel": "conveyor"})
     return len(cur.fetchall())
 
 
@@ -932,6 +973,10 @@ class EnqueueDesign:
     keyed: bool = False
     transaction: bool = False  # Wrap each call in BEGIN/COMMIT (COPY + INSERT needs it).
     ddl: tuple[str, ...] = field(default=())
+    # Client-side binding (psycopg's ClientCursor, as Django's connections use by
+    # default: the statement is planned on every call); else server-side binding
+    # with prepared statements (Django's OPTIONS server_side_binding).
+    client_binding: bool = True
 
 
 _FLOOR = "bare INSERT + COMMIT, one index (the floor)"
@@ -946,36 +991,33 @@ ENQUEUE_DESIGNS = {
     d.name: d
     for d in (
         EnqueueDesign("floor", _FLOOR, floor_insert, bulk=False),
-        EnqueueDesign("recordset-1", "ENQUEUE, one-row JSON recordset", enqueue_recordset, False),
+        EnqueueDesign("recordset-1", "ENQUEUE from a one-row JSON recordset (before)",
+                      enqueue_recordset, bulk=False),
+        EnqueueDesign("shipped-1", "protocol.enqueue(): ENQUEUE from typed arrays",
+                      enqueue_shipped, bulk=False),
+        EnqueueDesign("shipped-1-prepared", "the same, server-side binding, prepared",
+                      enqueue_shipped, bulk=False, client_binding=False),
         EnqueueDesign("values-1", "a single-row INSERT ... VALUES", enqueue_values, bulk=False),
-        EnqueueDesign(
-            "values-1-lean",
-            "single-row VALUES; one claim index, admin indexes on finished rows only",
-            enqueue_values,
-            bulk=False,
-            ddl=LEAN_ENQUEUE,
-        ),
-        EnqueueDesign(
-            "arrays-bulk-lean",
-            "typed arrays per chunk; the lean indexes",
-            enqueue_arrays,
-            bulk=True,
-            ddl=LEAN_ENQUEUE,
-        ),
+        EnqueueDesign("values-1-lean",
+                      "single-row VALUES; one claim index, admin indexes on finished rows only",
+                      enqueue_values, bulk=False, ddl=LEAN_ENQUEUE),
+        EnqueueDesign("shipped-bulk-lean", "typed arrays per chunk; the lean indexes",
+                      enqueue_shipped, bulk=True, ddl=LEAN_ENQUEUE),
         EnqueueDesign("recordset-1-keyed", "the same, keyed", enqueue_recordset, False, True),
+        EnqueueDesign("shipped-1-keyed", "the same, keyed", enqueue_shipped, False, True),
         EnqueueDesign("values-1-keyed", "the same, keyed", enqueue_values, bulk=False, keyed=True),
-        EnqueueDesign(
-            "recordset-bulk", "ENQUEUE, a JSON recordset per chunk", enqueue_recordset, True
-        ),
-        EnqueueDesign("arrays-bulk", "unnest of typed arrays per chunk", enqueue_arrays, bulk=True),
+        EnqueueDesign("recordset-bulk", "ENQUEUE from a JSON recordset per chunk (before)",
+                      enqueue_recordset, bulk=True),
+        EnqueueDesign("shipped-bulk", "protocol.enqueue(): typed arrays per chunk",
+                      enqueue_shipped, bulk=True),
         EnqueueDesign(
             "copy-bulk", "COPY to a stage, INSERT ... SELECT", enqueue_copy, True, False, True
         ),
         EnqueueDesign("recordset-bulk-keyed", "keyed", enqueue_recordset, bulk=True, keyed=True),
-        EnqueueDesign("arrays-bulk-keyed", "keyed", enqueue_arrays, bulk=True, keyed=True),
+        EnqueueDesign("shipped-bulk-keyed", "keyed", enqueue_shipped, bulk=True, keyed=True),
         EnqueueDesign("copy-bulk-keyed", "keyed", enqueue_copy, True, True, True),
     )
-}
+}  # fmt: skip
 
 
 def measure_enqueue(design: EnqueueDesign, calls: int, chunk: int) -> dict[str, Any]:
@@ -996,7 +1038,8 @@ def measure_enqueue(design: EnqueueDesign, calls: int, chunk: int) -> dict[str, 
         written = 0
         started = time.perf_counter()
         cpu = time.process_time()
-        with conn.cursor() as cur:
+        cursor = psycopg.ClientCursor(conn) if design.client_binding else conn.cursor()
+        with cursor as cur:
             for i in range(calls):
                 rows = _job_rows(i * per_call, per_call, design.keyed)
                 if design.transaction:
