@@ -58,6 +58,21 @@ def sleepers(n: int) -> list[int]:
     return [int(tasks.sleeper.enqueue(60).id) for _ in range(n)]
 
 
+def started_sleepers(n: int) -> None:
+    """n jobs that a hard stop must leave running: each records when its handler starts.
+
+    A claimed job counts as running before a slot starts its handler, and a
+    stop hands back the jobs not started yet; so a test of what a hard stop
+    leaves waits for the handlers themselves, not only for the claims.
+    """
+    for _ in range(n):
+        tasks.started_then_sleeps.enqueue("hard", 60)
+
+
+def handlers_started(n: int) -> bool:
+    return Effect.objects.filter(label="hard").count() == n and running(n)
+
+
 def supervised(procs, tmp_path, name: str, *args: str):
     return worker(procs, tmp_path, name, "--processes", "2", "--concurrency", "2", *args)
 
@@ -131,9 +146,9 @@ def test_sigterm_to_one_child_hands_back_its_jobs_and_replaces_it(procs, tmp_pat
 
 
 def test_stop_signal_repeated_after_the_grace_interval_is_a_hard_stop(procs, tmp_path):
-    sleepers(4)
+    started_sleepers(4)
     proc = supervised(procs, tmp_path, "sup", *HARD)
-    wait_until(lambda: running(4))
+    wait_until(lambda: handlers_started(4))
     os.kill(proc.pid, signal.SIGTERM)
     wait_until(lambda: log_says(tmp_path, "sup", "SIGTERM received: stopping 2"))
     time.sleep(REPEAT_GRACE_SECONDS + 0.1)  # The supervisor noted the first stop before its log.
@@ -143,9 +158,9 @@ def test_stop_signal_repeated_after_the_grace_interval_is_a_hard_stop(procs, tmp
 
 
 def test_sigquit_to_the_group_is_a_hard_stop(procs, tmp_path):
-    sleepers(4)
+    started_sleepers(4)
     proc = supervised(procs, tmp_path, "sup", *HARD)
-    wait_until(lambda: running(4))
+    wait_until(lambda: handlers_started(4))
     os.killpg(proc.pid, signal.SIGQUIT)
     assert exit_code(proc, tmp_path, "sup") == 128 + signal.SIGQUIT
     assert running(4)
