@@ -12,8 +12,10 @@ import pytest
 from django.db import connection
 
 from django_conveyor import protocol, testing
+from django_conveyor.conf import DEFAULT_REAP_SECONDS
 from django_conveyor.worker import claims, shutdown
 from django_conveyor.worker.handlers import reporting
+from django_conveyor.worker.services import reaper
 from django_conveyor.worker.services.base import Now
 from django_conveyor.worker.services.reaper import Reaper
 from tests.helpers import REPO
@@ -94,3 +96,21 @@ def test_job_log_lines_carry_their_fields_as_extras_the_reapers_too(caplog):
     }
     for name in fields:
         assert f"`{name}`" in text(DOCS / "worker.md")
+
+
+def test_the_reaper_throughput_section_names_the_reapers_batch_and_interval():
+    assert reaper.BATCH == 500 and reaper.MAX_BATCHES == 40 and DEFAULT_REAP_SECONDS == 5.0
+    page = text(DOCS / "performance.md")
+    assert "default `REAP_SECONDS` (5)" in page
+    assert "One pass takes all 10,000 back (20 statements of 500" in page
+    assert "It stays at 500." in page
+    # The plan it explains: REAP reaps across all queues, the running index leads with the queue.
+    expired = protocol.REAP.split("UPDATE")[0]
+    assert "queue" not in expired and "ORDER BY lease_expires_at" in expired
+    assert "The running index now leads with the queue, and REAP reaps across all queues" in page
+    # The commands it quotes.
+    bench = (REPO / "tests" / "benchmarks" / "reaper.py").read_text()
+    for option in ("--live", "--queues", "--finished", "--explain"):
+        assert f'"{option}"' in bench and option in page
+    designs = (REPO / "tests" / "benchmarks" / "statement_limit.py").read_text()
+    assert '"reap-by-expiry"' in designs and "--designs shipped,reap-by-expiry" in page

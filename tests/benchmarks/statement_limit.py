@@ -274,6 +274,15 @@ DESIGNS = {
             ddl=BEFORE_0016,
         ),
         Design(
+            "reap-by-expiry",
+            "the shipped pair plus a running index on lease_expires_at alone, for REAP",
+            shipped,
+            ddl=(
+                "CREATE INDEX conveyor_job_expiry_idx ON conveyor_job (lease_expires_at)"
+                " WHERE state = 'running'",
+            ),
+        ),
+        Design(
             "shipped+unblock",
             "what the worker's cycle sends: COMPLETE, then UNBLOCK of the written ids, then CLAIM",
             with_unblock,
