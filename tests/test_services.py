@@ -16,7 +16,7 @@ import pytest
 from django.utils import timezone
 
 from django_conveyor import protocol
-from django_conveyor.models import Job
+from django_conveyor.models import Dependency, Job
 from django_conveyor.worker import attempts
 from django_conveyor.worker.attempts import Attempt, Outcome
 from django_conveyor.worker.claims import Claimer
@@ -191,6 +191,30 @@ class TestReaper:
         with conn.cursor() as cur:
             assert Reaper().run_once(cur, T0) == ReapCounts(reaped=2, reaped_cancelled=1)
         assert Job.objects.get(pk=asked.pk).state == "cancelled"
+
+    def test_a_dead_jobs_dependents_are_settled_in_the_reaps_transaction(self, conn):
+        used_up = JobFactory(expired=True, attempt=3, max_attempts=3)
+        dependent = JobFactory(state="blocked", pending_dependencies=1, dependency_policy="cancel")
+        Dependency.objects.create(job=dependent, depends_on=used_up)
+        refuse = """CREATE FUNCTION refuse_cancel() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN RAISE EXCEPTION 'refused: %', NEW.id; END $$;
+            CREATE TRIGGER refuse_cancel BEFORE UPDATE ON conveyor_job FOR EACH ROW
+            WHEN (NEW.state = 'cancelled') EXECUTE FUNCTION refuse_cancel()"""
+        conn.execute(refuse)  # The settling of the dependents fails ...
+        try:
+            with conn.cursor() as cur, pytest.raises(psycopg.errors.RaiseException):
+                Reaper().run_once(cur, T0)
+        finally:
+            conn.execute(
+                "DROP TRIGGER refuse_cancel ON conveyor_job; DROP FUNCTION refuse_cancel()"
+            )
+        # ... so the REAP before it is not written either: nothing half-done.
+        assert Job.objects.get(pk=used_up.pk).state == "running"
+        assert Job.objects.get(pk=dependent.pk).state == "blocked"
+        with conn.cursor() as cur:
+            assert Reaper().run_once(cur, T0) == ReapCounts(reaped=1, reaped_dead=1)
+        assert Job.objects.get(pk=used_up.pk).state == "dead"
+        assert Job.objects.get(pk=dependent.pk).state == "cancelled"
 
     def test_logs_each_job_it_takes_back(self, conn, caplog):
         job = JobFactory(expired=True)

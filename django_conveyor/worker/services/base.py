@@ -26,9 +26,10 @@ from __future__ import annotations
 import logging
 import time
 from datetime import UTC, datetime
-from typing import NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import psycopg
+from django.db import transaction
 
 from ...protocol import Cursor
 from ..connections import is_read_only
@@ -36,6 +37,19 @@ from ..instrument import Counters
 
 logger = logging.getLogger(__name__)
 
+
+
+def transaction_of(cursor: Any) -> Any:
+    """One transaction around a service's statements that must commit together.
+
+    The worker's control connection is in autocommit, so each statement is
+    its own transaction unless a service opens one; a Django cursor (tests,
+    `testing.py`) gets an atomic block of its connection instead.
+    """
+    django_connection = getattr(cursor, "db", None)
+    if django_connection is not None:
+        return transaction.atomic(using=django_connection.alias)
+    return cursor.connection.transaction()
 
 class Now(NamedTuple):
     """One reading of the worker's clocks, shared by the services of a pass."""

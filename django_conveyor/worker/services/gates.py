@@ -26,13 +26,13 @@ from __future__ import annotations
 import logging
 from typing import Any, NamedTuple
 
-from django.db import connections, transaction
+from django.db import connections
 
 from ... import protocol
 from ...conf import DEFAULT_GATES_SECONDS
 from ...protocol import Cursor
 from ...workflows.conditions import CONDITION_BATCH, check_conditions
-from .base import Now
+from .base import Now, transaction_of
 
 logger = logging.getLogger(__name__)
 
@@ -44,13 +44,6 @@ class GateCounts(NamedTuple):
     gates_timed_out: int = 0  # Timers and timeouts ended (completed or failed).
     conditions_checked: int = 0
     conditions_met: int = 0  # Completed; or failed, their condition invalid.
-
-
-def _transaction(cursor: Any) -> Any:
-    django_connection = getattr(cursor, "db", None)
-    if django_connection is not None:  # A Django cursor (tests, `testing.py`).
-        return transaction.atomic(using=django_connection.alias)
-    return cursor.connection.transaction()  # The worker's autocommit psycopg connection.
 
 
 def _close(connection: Any) -> None:
@@ -80,7 +73,7 @@ class GatesService:
         # One transaction: the gates' ends and their dependents' (UNBLOCK,
         # CANCEL_DEPENDENTS) commit together. The conditions need the ORM, so
         # they run on Django's connection of the same database.
-        with _transaction(cursor):
+        with transaction_of(cursor):
             ended = protocol.gate_timeout(cursor, limit=self.batch)
         for gate in ended:
             logger.info("gate %s (%s, queue %s): deadline passed -> %s",

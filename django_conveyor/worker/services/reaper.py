@@ -25,7 +25,7 @@ from ...conf import DEFAULT_REAP_SECONDS
 from ...protocol import Cursor
 from ...states import JobState
 from ..instrument import log_job
-from .base import Now
+from .base import Now, transaction_of
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +59,10 @@ class Reaper:
         """REAP batch after batch until one comes back short (or MAX_BATCHES ran)."""
         reaped: list[protocol.Reaped] = []
         for _ in range(self.max_batches):
-            batch = protocol.reap(cursor, limit=self.batch)
+            # REAP and the settling of a dead job's dependents commit together:
+            # a worker that dies between the two would leave them blocked.
+            with transaction_of(cursor):
+                batch = protocol.reap(cursor, limit=self.batch)
             reaped += batch
             if len(batch) < self.batch:
                 break
