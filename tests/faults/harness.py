@@ -89,6 +89,14 @@ class Params:
     workflows: int = 0  # Five-step workflows instead of single jobs (jobs = 5 x workflows).
     hosts: int = 0  # Worker hosts (network namespaces); 0 runs everything on this host.
     host_latency_ms: tuple[float, ...] = HOST_LATENCY_MS
+    fault_seconds: float | None = None  # Faults stop then; None: at FAULT_WINDOW of the deadline.
+
+    @property
+    def fault_until(self) -> float:
+        """Seconds after the workers' start when the injectors stop."""
+        if self.fault_seconds is not None:
+            return min(self.fault_seconds, self.timeout)
+        return self.timeout * FAULT_WINDOW
 
     @property
     def faults(self) -> tuple[str, ...]:
@@ -126,6 +134,13 @@ def parse_args(argv: list[str] | None) -> Params:
         help=f"Default 0 0.05 ({ATOMIC}: {ATOMIC_INSIDE_SECONDS[0]} {ATOMIC_INSIDE_SECONDS[1]}).",
     )  # fmt: skip
     parser.add_argument("--timeout", type=float, default=None, help="Deadline in seconds.")
+    parser.add_argument(
+        "--fault-seconds",
+        type=float,
+        default=None,
+        help=f"Stop injecting after this many seconds (default {FAULT_WINDOW:g} of the deadline); "
+        "the deadline then only bounds how long the rest may take to settle.",
+    )
     parser.add_argument("--keep", type=Path, default=None, help="Copy worker logs here.")
     parser.add_argument(
         "--pgbouncer",
@@ -188,6 +203,8 @@ def parse_args(argv: list[str] | None) -> Params:
         args.jobs = len(gates.SHAPE) * args.workflows
     elif args.workflows:
         args.jobs = WORKFLOW_STEPS * args.workflows
+    if args.fault_seconds is not None and not args.fault_seconds > 0:
+        parser.error("--fault-seconds must be above 0.")
     if args.jobs < 1 or args.workers < 2 or args.concurrency < 1:
         parser.error("--jobs and --concurrency must be 1 or more, --workers 2 or more.")
     if args.inside is None:
@@ -210,6 +227,7 @@ def parse_args(argv: list[str] | None) -> Params:
         workflows=args.workflows,
         hosts=args.hosts,
         host_latency_ms=tuple(args.host_latency_ms),
+        fault_seconds=args.fault_seconds,
     )
 
 
@@ -629,7 +647,7 @@ class Run:
         assert self.pool is not None
         final = list(verify.FINAL_STATES)
         while (elapsed := time.monotonic() - started) < self.params.timeout:
-            if elapsed > self.params.timeout * FAULT_WINDOW:
+            if elapsed > self.params.fault_until:
                 self.stop_injectors()
             self.respawned += self.pool.respawn_exited()
             rows = pg.query(self.pg_port, NOT_FINAL, {"final": final, "parked": self.parked()})
@@ -710,6 +728,7 @@ class Run:
                 "handler_work_s": list(p.work_seconds),
                 "handler_inside_transaction_s": list(p.inside_seconds),
                 "deadline_s": round(p.timeout, 1),
+                "faults_until_s": round(p.fault_until, 1),
                 "faults": list(p.faults),
                 "network_latency_s": LATENCY_SECONDS if "network" in p.faults else None,
                 "network_drop_rate": DROP_RATE if "network" in p.faults else None,
