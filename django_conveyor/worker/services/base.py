@@ -38,7 +38,6 @@ from ..instrument import Counters
 logger = logging.getLogger(__name__)
 
 
-
 def transaction_of(cursor: Any) -> Any:
     """One transaction around a service's statements that must commit together.
 
@@ -50,6 +49,7 @@ def transaction_of(cursor: Any) -> Any:
     if django_connection is not None:
         return transaction.atomic(using=django_connection.alias)
     return cursor.connection.transaction()
+
 
 class Now(NamedTuple):
     """One reading of the worker's clocks, shared by the services of a pass."""
