@@ -148,11 +148,9 @@ class Cursor(Protocol):
     def fetchall(self) -> list[Any]: ...
 
 
-def _json(value: Any) -> str:
-    return json.dumps(value, separators=(",", ":"))
-
-
-_dumps = json.JSONEncoder(separators=(",", ":")).encode  # _json, without a new encoder per call.
+# Compact JSON for parameters. One encoder for every call: json.dumps with
+# separators builds a new JSONEncoder each time.
+_json = json.JSONEncoder(separators=(",", ":")).encode
 
 
 def _error_entry(entry: str, *, ran: bool = True) -> str:
@@ -515,11 +513,11 @@ def _row(job: NewJob, source: NewJob, pending: int, replaced: int = 0) -> tuple[
     unique = job.unique
     info = None
     if unique is not None:
-        info = _dumps({**unique.info, "replaced": replaced} if replaced else unique.info)
+        info = _json({**unique.info, "replaced": replaced} if replaced else unique.info)
     return (
         job.task_path,
-        _dumps(source.args) if source.args else "[]",
-        _dumps(source.kwargs) if source.kwargs else "{}",
+        _json(source.args) if source.args else "[]",
+        _json(source.kwargs) if source.kwargs else "{}",
         job.queue,
         job.backend,
         job.priority,
@@ -528,12 +526,12 @@ def _row(job: NewJob, source: NewJob, pending: int, replaced: int = 0) -> tuple[
         job.idempotency_key,
         pending,
         job.dependency_policy,
-        None if job.gate is None else _dumps(job.gate),
-        _dumps(list(job.tags)) if job.tags else None,
-        _dumps(job.meta) if job.meta else None,
+        None if job.gate is None else _json(job.gate),
+        _json(list(job.tags)) if job.tags else None,
+        _json(job.meta) if job.meta else None,
         None if unique is None else unique.key,
         None if unique is None else unique.period,
-        None if unique is None else _dumps(list(unique.states)),
+        None if unique is None else _json(list(unique.states)),
         info,
         job.concurrency_key,
     )
