@@ -99,15 +99,19 @@ class EstimatedCountPaginator(Paginator):
 
     estimated = False
 
+    def parts(self) -> list[QuerySet[Any]]:
+        """The reads the list is made of, counted each on its own: here the list itself."""
+        return [self.object_list]
+
     @cached_property
     def count(self) -> int:
-        queryset = self.object_list.order_by()
-        exact = queryset[: EXACT_COUNT_LIMIT + 1].count()
+        parts = [part.order_by() for part in self.parts()]
+        exact = sum(part[: EXACT_COUNT_LIMIT + 1].count() for part in parts)
         if exact <= EXACT_COUNT_LIMIT:
             return exact
         self.estimated = True
-        plan = json.loads(queryset.explain(format="json"))
-        return max(int(plan[0]["Plan"]["Plan Rows"]), exact)
+        plans = [json.loads(part.explain(format="json")) for part in parts]
+        return max(sum(int(plan[0]["Plan"]["Plan Rows"]) for plan in plans), exact)
 
 
 class JobListPaginator(EstimatedCountPaginator):
@@ -125,16 +129,6 @@ class JobListPaginator(EstimatedCountPaginator):
 
     def parts(self) -> list[QuerySet[Any]]:
         return [self.object_list.filter(part) for part in self.PARTS]
-
-    @cached_property
-    def count(self) -> int:
-        parts = [part.order_by() for part in self.parts()]
-        exact = sum(part[: EXACT_COUNT_LIMIT + 1].count() for part in parts)
-        if exact <= EXACT_COUNT_LIMIT:
-            return exact
-        self.estimated = True
-        plans = [json.loads(part.explain(format="json")) for part in parts]
-        return max(sum(int(plan[0]["Plan"]["Plan Rows"]) for plan in plans), exact)
 
     def rows(self, bottom: int, top: int) -> list[Any]:
         """The list's rows from `bottom` up to `top` (exclusive), in its id order."""
