@@ -501,10 +501,21 @@ class Dashboard(Queue):
         verbose_name_plural = "dashboard"
 
 
+class JobIdsField(models.Field):
+    """A `bigint[]` of job ids, written and read by SQL alone: no need for
+    django.contrib.postgres (and its ArrayField) in INSTALLED_APPS."""
+
+    description = "job ids (bigint[])"
+
+    def db_type(self, connection: Any) -> str:
+        return "bigint[]"
+
+
 class Worker(models.Model):
     """A live (or recently stopped or lost) worker process, refreshed with its heartbeat.
 
-    Written only by the worker registry service (`worker/services/registry.py`).
+    Written by the worker registry service (`worker/services/registry.py`),
+    and `may_start` by the worker's claim cycle (protocol.DECLARE_STARTS).
     """
 
     id = models.CharField(max_length=64, primary_key=True)  # The lease_owner it writes.
@@ -517,6 +528,8 @@ class Worker(models.Model):
     leases_held = models.IntegerField(default=0)
     version = models.CharField(max_length=32)  # django-conveyor's version.
     stopped_at = InstantField(null=True, blank=True)  # A clean exit.
+    # The jobs this worker may have started (protocol.DECLARE_STARTS); NULL: any it holds.
+    may_start = JobIdsField(null=True, blank=True)
 
     class Meta:
         db_table = "conveyor_worker"

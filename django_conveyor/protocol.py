@@ -1607,6 +1607,7 @@ class Reaped:
     attempt: int
     owner: str | None
     version: int
+    started: bool  # Its worker may have started it; False: it went back with its attempt.
 
 
 _REAPED_ENTRY = _error_entry("""jsonb_build_object(
@@ -1619,6 +1620,27 @@ _REAPED_ENTRY = _error_entry("""jsonb_build_object(
                 || '; the reaper cancelled the job.'
             ELSE ' without a heartbeat; the job was taken back by the reaper.' END)""")
 
+# `unstarted`: REAP counts these entries to bound how often an attempt is given back.
+_UNSTARTED_ENTRY = _error_entry("""jsonb_build_object(
+        'exception_class_path', CASE WHEN j.cancel_requested_at IS NOT NULL
+            THEN 'django_conveyor.exceptions.Cancelled'
+            ELSE 'django_conveyor.exceptions.LeaseLost' END,
+        'traceback', 'The lease expired at ' || j.lease_expires_at
+            || ' before the job started (its worker never listed it as started); ' || CASE
+            WHEN j.cancel_requested_at IS NOT NULL
+            THEN 'after a cancel request by ' || j.cancel_requested_by
+                || ', the reaper cancelled the job.'
+            ELSE 'the reaper gave its attempt back.' END,
+        'unstarted', true)""")
+
+# A job its worker may have started (listed in the worker's may_start, or a
+# worker whose list is NULL or whose row is gone) may have killed it: back
+# to available it runs alone (isolated), and the attempt counts. One its
+# worker never listed did not run: it goes back as it was, with its attempt,
+# at most max_attempts times (a worker that dies while fetching a claim,
+# before listing anything, must not loop for ever). The owners' rows are
+# locked FOR SHARE: a worker lists jobs (DECLARE_STARTS) under its row's lock
+# before it checks their leases, so REAP reads a list that was committed.
 REAP = f"""
 WITH expired AS (
     SELECT id, lease_owner FROM conveyor_job
@@ -1626,21 +1648,36 @@ WITH expired AS (
     ORDER BY lease_expires_at
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
+), owners AS (
+    SELECT w.id, w.may_start FROM conveyor_worker AS w
+    WHERE w.id IN (SELECT lease_owner FROM expired)
+    FOR SHARE
+), judged AS (
+    SELECT e.id, e.lease_owner,
+           o.may_start IS NULL OR e.id = ANY(o.may_start)
+           OR jsonb_array_length(jsonb_path_query_array(r.errors, '$[*] ? (@.unstarted == true)'))
+              >= r.max_attempts AS started
+    FROM expired AS e
+    JOIN conveyor_job AS r ON r.id = e.id
+    LEFT JOIN owners AS o ON o.id = e.lease_owner
 )
 UPDATE conveyor_job AS j
 SET state = CASE WHEN j.cancel_requested_at IS NOT NULL THEN 'cancelled'
-                 WHEN j.attempt >= j.max_attempts THEN 'dead' ELSE 'available' END,
+                 WHEN x.started AND j.attempt >= j.max_attempts THEN 'dead' ELSE 'available' END,
     finished_at = CASE WHEN j.cancel_requested_at IS NOT NULL
-                         OR j.attempt >= j.max_attempts THEN now() END,
+                         OR (x.started AND j.attempt >= j.max_attempts) THEN now() END,
+    attempt = CASE WHEN x.started THEN j.attempt ELSE j.attempt - 1 END,
     run_after = now(),
     lease_owner = NULL,
     lease_expires_at = NULL,
     -- It may have killed its worker: back to available, it runs alone.
-    isolated = (j.cancel_requested_at IS NULL AND j.attempt < j.max_attempts),
-    errors = j.errors || {_REAPED_ENTRY}
-FROM expired
-WHERE j.id = expired.id
-RETURNING j.id, j.state, j.task_path, j.queue, j.attempt, expired.lease_owner, j.lease_version
+    isolated = j.cancel_requested_at IS NULL
+        AND CASE WHEN x.started THEN j.attempt < j.max_attempts ELSE j.isolated END,
+    errors = j.errors || CASE WHEN x.started THEN {_REAPED_ENTRY} ELSE {_UNSTARTED_ENTRY} END
+FROM judged AS x
+WHERE j.id = x.id
+RETURNING j.id, j.state, j.task_path, j.queue, j.attempt, x.lease_owner, j.lease_version,
+          x.started
 """
 
 
@@ -1651,6 +1688,35 @@ def reap(cursor: Cursor, *, limit: int = 500) -> list[Reaped]:
     reaped = [Reaped(*row) for row in cursor.fetchall()]
     cancel_dependents(cursor, ids=[r.id for r in reaped if r.state in UNSUCCESSFUL_STATES])
     return reaped
+
+
+# The worker's row lists the jobs it may start (NULL: any it holds). It
+# takes the row's lock, which REAP waits for.
+DECLARE_STARTS = """
+UPDATE conveyor_worker SET may_start = %(may_start)s::bigint[] WHERE id = %(owner)s
+"""
+
+
+def declare_starts(
+    cursor: Cursor,
+    *,
+    owner: str,
+    may_start: Sequence[int] | None,
+    check: Sequence[tuple[int, int]],
+) -> set[int]:
+    """List the jobs `owner` may start (None: any it holds); of `check`, (id,
+    version) leases claimed in earlier transactions, return the ids still held.
+
+    Guard: a job is started only once listed (here, or by the NULL list of a
+    worker that claims for its free slots only), under a lease still held
+    after the list was written; REAP gives back the attempt of a job never listed.
+    """
+    listed = None if may_start is None else _array(tuple(may_start), quote=False) or "{}"
+    cursor.execute(DECLARE_STARTS, {"owner": owner, "may_start": listed})
+    # Read after the list is written (a new snapshot, after the row's lock):
+    # a lease REAP took before that is not this worker's any more.
+    held = [{"id": job_id, "version": version} for job_id, version in check]
+    return _guarded(cursor, STILL_HELD, owner, held)
 
 
 PRUNE = """
@@ -2415,6 +2481,7 @@ ACTIONS = {
     "ENQUEUE": enqueue,
     "CLAIM": claim,
     "CLAIM_ISOLATED": claim_isolated,
+    "DECLARE_STARTS": declare_starts,
     "CLAIM_LIMITED": claim_limited,
     "HEARTBEAT": heartbeat,
     "COMPLETE": complete,

@@ -39,7 +39,8 @@ from .. import protocol
 from ..protocol import Cursor, Lease
 
 CLAIM_AHEAD_SECONDS = 0.02  # Buffered work per slot: a few claim round trips.
-MAX_PREFETCH = 256
+MAX_PREFETCH = 4096  # Claimed ahead, at most (starts.py: most of it is never listed).
+MAX_START_WINDOW = 256  # Listed as may-start and queued for the slots, at most.
 ISOLATED_LOOK_SECONDS = 1.0  # Under load, look for an isolated job at least this often.
 
 
@@ -99,6 +100,13 @@ class Claimer:
             return self.concurrency  # Nothing has run yet.
         per_slot = CLAIM_AHEAD_SECONDS / max(avg_duration, 1e-6)
         return min(MAX_PREFETCH, int(self.concurrency * per_slot))
+
+    def start_window(self, avg_duration: float | None) -> int:
+        """How many jobs may wait in the slots' queue, listed as may-start (starts.py):
+        the part of the buffer a crash can implicate."""
+        if self.fixed_prefetch is not None:
+            return min(self.fixed_prefetch, MAX_START_WINDOW)
+        return min(self.prefetch(avg_duration), MAX_START_WINDOW)
 
     def room(self, *, running: int, waiting: int, avg_duration: float | None) -> int:
         """Jobs to claim now: the free slots and the buffer, minus jobs already waiting."""

@@ -141,6 +141,10 @@ class Holdings:
             (a.lease.id, a.lease.version) for a in self.held.values() if not a.completed_in_atomic
         ]
 
+    def unsettled(self) -> set[int]:
+        """Ids of every job held or whose outcome waits to be written: all may have started."""
+        return self.held.keys() | self.pending.keys()
+
     def holds_isolated(self) -> bool:
         """A lease from CLAIM_ISOLATED is held: nothing may be claimed ahead beside it."""
         return any(a.lease.isolated for a in self.held.values())

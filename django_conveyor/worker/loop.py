@@ -50,6 +50,7 @@ from .services.registry import Registry, WorkerInfo
 from .services.scheduler import SchedulerService
 from .services.timeouts import Timeouts
 from .shutdown import StopSignals, exit_process
+from .starts import StartPlan, StartWindow
 
 logger = logging.getLogger(__name__)
 
@@ -82,6 +83,7 @@ class Worker:
             lease_seconds=config.lease_seconds,
             prefetch=config.prefetch,
         )
+        self.starts = StartWindow(config.worker_id)  # What the slots may start (starts.py).
         self.heartbeat = Heartbeat(
             self.holdings, lease_seconds=config.lease_seconds, interval=config.heartbeat_seconds
         )
@@ -170,7 +172,7 @@ class Worker:
 
     def drain(self) -> None:
         """Hand back what has not started, wait for the rest, hand back leftovers."""
-        self.hand_back(self.slots.take_waiting(), reason="never started")
+        self.hand_back(self.slots.take_waiting() + self.starts.take_all(), reason="never started")
         deadline = time.monotonic() + self.config.shutdown_timeout
         while self.holdings.held and time.monotonic() < deadline:
             try:
@@ -309,14 +311,17 @@ class Worker:
         return self.cycle()
 
     def cycle(self, *, claim: bool = True) -> int:
-        """Write pending outcomes and claim new work in one transaction: one commit."""
+        """Write pending outcomes, claim new work and list what may start: one commit."""
         leases = self.holdings
         leases.collect()
         now = time.monotonic()
+        running, queued = self.slots.running(), self.slots.waiting()
+        window = self.claimer.start_window(self.slots.avg_duration)
+        room = max(0, self.claimer.concurrency - running) + window - queued
         steps = (
             self.claimer.plan(
-                running=self.slots.running(),
-                waiting=self.slots.waiting(),
+                running=running,
+                waiting=queued + self.starts.waiting(),
                 avg_duration=self.slots.avg_duration,
                 holds_isolated=leases.holds_isolated(),
                 now=now,
@@ -324,22 +329,30 @@ class Worker:
             if claim and not self.stopping.is_set()
             else []
         )
-        if not leases.pending and not steps:
+        moving = bool(self.starts.waiting()) and room >= max(1, window // 2)
+        if not leases.pending and not steps and not moving:
             return 0
         conn = self.connection.get()
         # One statement is its own transaction in autocommit: skip BEGIN and
         # COMMIT round trips (an idle worker's claim is the latency path). A
         # step that runs only after a claim that found nothing needs no
-        # transaction around the two.
-        statements = leases.statements() + self.claimer.statements(steps)
+        # transaction around the two. A list of what may start that a claim
+        # turns out to need runs after the claim's commit then: until the
+        # list is written, every claimed job counts as started.
+        statements = (
+            leases.statements()
+            + self.claimer.statements(steps)
+            + (self.starts.statements() if moving else 0)
+        )
         try:
             with (
                 conn.transaction() if statements > 1 else contextlib.nullcontext(),
                 conn.cursor() as cur,
             ):
                 written = leases.write(cur)
-                claimed = self.claimer.claim(cur, steps, now)
+                claimed, plan = self.claim_and_list(cur, steps, now, room=room, window=window)
         except Exception as exc:
+            self.starts.failed()
             if not leases.pending or not outcomes.refused_value(exc) or conn.closed:
                 raise  # The loop logs it, reconnects if need be, and tries again.
             # Rolled back, claim included. Isolate the row PostgreSQL refused:
@@ -349,13 +362,32 @@ class Worker:
                 len(leases.pending),
                 exc,
             )
-            with conn.transaction(), conn.cursor() as cur:
-                written = leases.write_each(cur, conn.transaction)
-                claimed = self.claimer.claim(cur, steps, now)
+            try:
+                with conn.transaction(), conn.cursor() as cur:
+                    written = leases.write_each(cur, conn.transaction)
+                    claimed, plan = self.claim_and_list(cur, steps, now, room=room, window=window)
+            except Exception:
+                self.starts.failed()
+                raise
         for outcome in leases.settle(written):
             self.reporter.submit(outcome)
-        self.slots.submit(leases.take(claimed))
+        start, lost = self.starts.apply(plan, leases.take(claimed))
+        for attempt in lost:
+            leases.lose(attempt, "reaped before it started")
+        if lost:
+            self.counters.add("leases_lost", len(lost))
+        self.slots.submit(start)
         return len(claimed)
+
+    def claim_and_list(
+        self, cur: protocol.Cursor, steps: list, now: float, *, room: int, window: int
+    ) -> tuple[list[protocol.Lease], StartPlan]:
+        """The claim steps, then the list of what the slots may start (starts.py)."""
+        claimed = self.claimer.claim(cur, steps, now)
+        plan = self.starts.plan(
+            cur, claimed, held=self.holdings.unsettled(), room=room, window=window
+        )
+        return claimed, plan
 
     def idle(self) -> bool:
         """Nothing attempt, nothing running, nothing left to write.

@@ -38,6 +38,7 @@ class ReapCounts(NamedTuple):
     reaped: int = 0  # Jobs taken back, whatever became of them.
     reaped_dead: int = 0  # Of those, the ones out of attempts (now dead).
     reaped_cancelled: int = 0  # Of those, the ones an operator asked to cancel (now cancelled).
+    reaped_unstarted: int = 0  # Of those, the ones their worker never listed as started.
 
 
 class Reaper:
@@ -68,11 +69,13 @@ class Reaper:
                 break
         for row in reaped:
             log_job(
-                logger, logging.WARNING, row, "reaped from worker %s: lease expired -> %s",
+                logger, logging.WARNING, row, "reaped from worker %s: lease expired -> %s%s",
                 row.owner, row.state,
+                "" if row.started else " (never started: its attempt given back)",
             )  # fmt: skip
         return ReapCounts(
             reaped=len(reaped),
+            reaped_unstarted=sum(not row.started for row in reaped),
             reaped_dead=sum(row.state == JobState.DEAD for row in reaped),
             reaped_cancelled=sum(row.state == JobState.CANCELLED for row in reaped),
         )

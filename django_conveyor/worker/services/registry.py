@@ -35,7 +35,7 @@ INSERT INTO conveyor_worker (
     NULL
 )
 ON CONFLICT (id) DO UPDATE
-SET last_seen_at = now(), stopped_at = NULL, leases_held = 0
+SET last_seen_at = now(), stopped_at = NULL, leases_held = 0, may_start = NULL
 """
 
 # A row forgotten while this worker was cut off is written again, as it was.

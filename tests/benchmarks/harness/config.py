@@ -56,6 +56,7 @@ DRAIN_SWEEP: dict[str, list[dict[str, Any]]] = {
         {"concurrency": 32, "prefetch": None},
         {"concurrency": 10, "prefetch": 32},
         {"concurrency": 10, "prefetch": 1000},
+        {"concurrency": 10, "prefetch": 4000},  # About the default's cap, fixed.
     ],
     "pgqueuer": [{"batch_size": b, "concurrency_limit": 0} for b in (10, 50, 200)],
     "procrastinate": [{"concurrency": c} for c in (10, 50, 200)],
