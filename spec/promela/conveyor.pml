@@ -395,7 +395,7 @@ byte v_phase[NK];
 bool v_told[NK];                /* HEARTBEAT reported a cancel request */
 bool v_iso[NK];                 /* taken by CLAIM_ISOLATED */
 bool g_was_iso[NK];             /* ghost: the row was isolated when claimed */
-bool v_decl[NK];                /* listed in the worker's may_start (DECLARE) */
+bool v_decl[NK];                /* listed in the worker's may_start (DECLARE_STARTS) */
 
 /* ---------------- crash containment: what a worker may have started ---- */
 byte may_start[NW];             /* conveyor_worker.may_start of the current process: bit j */
@@ -469,7 +469,7 @@ byte cron_jobs[MAX_TICK + 1];   /* jobs inserted per tick */
 #define IN_LIST(w, j) ((may_start[w] >> (j)) & 1)
 #define LISTED(j) ((orphan[j] & O_DEAD) -> ((orphan[j] & O_LISTED) != 0) : IN_LIST(owner[j], j))
 #define REAP_STARTED(j) (!ISOLATION_ON || LISTED(j) || refunds[j] >= MAX_ATTEMPTS)
-#define GUARD_DECLARE(k, j) FENCE(k, j)
+#define GUARD_DECLARE_STARTS(k, j) FENCE(k, j)
 /* the slot's attempt holds j's lease and its handler started */
 #define RAN_K(k, j) (v_job[k] == (j) && v_gid[k] == holder[j] && v_phase[k] != P_CLAIMED)
 #define RAN(j) ((orphan[j] & O_DEAD) -> ((orphan[j] & O_RAN) != 0) : (RAN_K(0, j) || RAN_K(1, j) || RAN_K(2, j)))
@@ -1114,16 +1114,16 @@ inline cancel_held(w, k) {
   :: atomic { !frozen[w] && v_job[k] != NOJOB && v_told[k] && \
               (v_phase[k] == P_CLAIMED || v_phase[k] == P_RUN || v_phase[k] == P_ABORTED) -> cancel_held(w, k) }
 
-/* DECLARE: UPDATE conveyor_worker SET may_start = <the jobs of its
+/* DECLARE_STARTS: UPDATE conveyor_worker SET may_start = <the jobs of its
  * declared attempts and this one> WHERE id = w; then, in the same
  * transaction, a read of the job's row: lease still this attempt's (state,
  * owner, version)?  Declared; else the attempt is dropped unstarted.  REAP
  * locks the owners' rows FOR SHARE: one step.                            */
-#define DECLARE(w, k) \
+#define DECLARE_STARTS(w, k) \
   :: atomic { ISOLATION_ON && !frozen[w] && v_job[k] != NOJOB && v_phase[k] == P_CLAIMED && !v_decl[k] -> \
        j = v_job[k]; may_start[w] = DECLARED(w) | (1 << j); \
        if \
-       :: GUARD_DECLARE(k, j) -> v_decl[k] = true \
+       :: GUARD_DECLARE_STARTS(k, j) -> v_decl[k] = true \
        :: else -> forget(k) \
        fi; j = 0 }
 
@@ -1189,7 +1189,7 @@ inline checkpoint(w, k) {
 
 #define SLOT(w, k) HEARTBEAT(w, k) LOCK_FOR_EFFECT(w, k) EFFECT(w, k) COMPLETE(w, k) \
   RECORD_RESULT(w, k) RETRY(w, k) FAIL(w, k) SNOOZE(w, k) RELEASE(w, k) CANCEL_HELD(w, k) START(w, k) \
-  DECLARE(w, k) \
+  DECLARE_STARTS(w, k) \
   CHECKPOINT(w, k) HEARTBEAT_PROGRESS(w, k)
 
 proctype Worker0() {

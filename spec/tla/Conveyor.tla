@@ -170,7 +170,7 @@ VARIABLES
 \* ---- crash containment: what a worker may have started (Isolation)
 VARIABLES
     mayStart,   \* conveyor_worker.may_start of worker w's current process:
-                \* the jobs it declared it may start (DECLARE)
+                \* the jobs it declared it may start (DECLARE_STARTS)
     refunds,    \* attempts REAP gave back because they never started (the
                 \* job's errors entries marked unstarted)
     orphan      \* orphan[j].dead: j's lease is in the row of a worker process
@@ -229,7 +229,7 @@ WaitsInit ==
 
 \* iso: the worker took it by CLAIM_ISOLATED (its belief); wasIso: ghost, the
 \* row was isolated when it was claimed (what the statement really took);
-\* decl: the worker listed the job in its may_start (DECLARE) under this
+\* decl: the worker listed the job in its may_start (DECLARE_STARTS) under this
 \* lease (without Isolation every attempt starts at once: declared).
 Attempt == [job : Jobs, tok : 0..MaxClaims, gid : 1..MaxClaims, phase : Phases,
             told : BOOLEAN, iso : BOOLEAN, wasIso : BOOLEAN, decl : BOOLEAN]
@@ -1121,19 +1121,19 @@ OrphanLeases(w, C) ==
 \* still running under this owner and token?  Yes: the attempt is declared.
 \* No: the worker drops it unstarted (the list it wrote names the job; the
 \* job's current lease is not w's).  One step: REAP waits for the row lock.
-GuardDECLARE(w, a) ==
+GuardDECLARE_STARTS(w, a) ==
     /\ jstate[a.job] = "running"
     /\ owner[a.job] = w
     /\ version[a.job] = a.tok
 
-DECLARE(w, a) ==
+DECLARE_STARTS(w, a) ==
     /\ Isolation
     /\ ~frozen[w]
     /\ a \in held[w]
     /\ a.phase = "claimed"
     /\ ~a.decl
     /\ mayStart' = [mayStart EXCEPT ![w] = {b.job : b \in {u \in held[w] : u.decl}} \cup {a.job}]
-    /\ IF GuardDECLARE(w, a)
+    /\ IF GuardDECLARE_STARTS(w, a)
        THEN Replace(w, a, [a EXCEPT !.decl = TRUE])
        ELSE Forget(w, a)
     /\ UNCHANGED <<row, frozen, ghost, left, cron, refunds, orphan>>
@@ -1384,7 +1384,7 @@ Progress(w, a) ==
 \* keep it.
 StartStep ==
     \/ \E w \in Workers :
-         \/ \E a \in held[w] : DECLARE(w, a) \/ Start(w, a)
+         \/ \E a \in held[w] : DECLARE_STARTS(w, a) \/ Start(w, a)
          \/ Crash(w)
     \/ \E j \in Jobs : REAP(j)
 
@@ -1438,7 +1438,7 @@ Fairness ==
     /\ \A j \in Jobs : WF_vars(Tick(j)) /\ WF_vars(REAP(j))
     /\ WF_vars(ClaimSome)
     /\ \A w \in Workers :
-         /\ WF_vars(\E a \in held[w] : Progress(w, a) \/ DECLARE(w, a) \/ Start(w, a))
+         /\ WF_vars(\E a \in held[w] : Progress(w, a) \/ DECLARE_STARTS(w, a) \/ Start(w, a))
          /\ WF_vars(frozen[w] /\ \E a \in held[w] : TxnTimeout(w, a))
          /\ WF_vars(SchedulerRead(w) \/ CRON_ENQUEUE(w))
     /\ WF_vars(Clock)
