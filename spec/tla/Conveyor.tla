@@ -1421,7 +1421,7 @@ KeepFlow == UNCHANGED rateLog /\ CountStarts
 Next == (CoreNext /\ KeepWaits /\ KeepFlow /\ UNCHANGED starts)
         \/ (StartStep /\ KeepWaits /\ KeepFlow)
         \/ (WaitStep /\ KeepFlow /\ UNCHANGED starts)
-        \/ (FlowStep /\ UNCHANGED waits)
+        \/ (FlowStep /\ UNCHANGED <<waits, starts>>)
 
 ClaimSome ==
     \/ \E w \in Workers, j \in Jobs : CLAIM(w, j) \/ CLAIM_ISOLATED(w, j)
@@ -1435,14 +1435,15 @@ ClaimSome ==
 \* crashes, freezes, releases, snoozes and operator actions are bounded by
 \* their budgets.
 Fairness ==
-    /\ \A j \in Jobs : WF_vars(Tick(j)) /\ WF_vars(REAP(j))
-    /\ WF_vars(ClaimSome)
+    /\ \A j \in Jobs : WF_vars(Tick(j) /\ UNCHANGED starts) /\ WF_vars(REAP(j))
+    /\ WF_vars(ClaimSome /\ UNCHANGED starts)
     /\ \A w \in Workers :
-         /\ WF_vars(\E a \in held[w] : Progress(w, a) \/ DECLARE_STARTS(w, a) \/ Start(w, a))
-         /\ WF_vars(frozen[w] /\ \E a \in held[w] : TxnTimeout(w, a))
-         /\ WF_vars(SchedulerRead(w) \/ CRON_ENQUEUE(w))
-    /\ WF_vars(Clock)
-    /\ \A j \in Jobs : WF_vars(GATE_TIMEOUT(j))
+         /\ WF_vars(\E a \in held[w] : (Progress(w, a) /\ UNCHANGED starts)
+                                       \/ DECLARE_STARTS(w, a) \/ Start(w, a))
+         /\ WF_vars(frozen[w] /\ \E a \in held[w] : TxnTimeout(w, a) /\ UNCHANGED starts)
+         /\ WF_vars((SchedulerRead(w) \/ CRON_ENQUEUE(w)) /\ UNCHANGED starts)
+    /\ WF_vars(Clock /\ UNCHANGED starts)
+    /\ \A j \in Jobs : WF_vars(GATE_TIMEOUT(j) /\ UNCHANGED starts)
     /\ WF_allVars(NewWindow)
 
 Spec == Init /\ [][Next]_allVars /\ Fairness
