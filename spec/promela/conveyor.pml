@@ -16,7 +16,9 @@
  *                    transaction (lock -> effect -> commit), SNOOZE,
  *                    RELEASE, REAP, CANCEL, PRUNE, a crash and a freeze
  *   -DISOLATION      crash containment: job 0's handler kills its worker;
- *                    the isolated flag, Start, CLAIM_ISOLATED
+ *                    the isolated flag, Start, CLAIM_ISOLATED, DECLARE (the
+ *                    worker's may_start) and REAP's give-back of an attempt
+ *                    that never started
  *   -DWORKFLOWS      job 2 waits for jobs 0 and 1 (policy 'cancel'), job 3
  *                    for jobs 1 and 2 (policy 'run'): UNBLOCK,
  *                    CANCEL_DEPENDENTS, REQUEUE with REBLOCK_DEPENDENTS
@@ -353,7 +355,8 @@ byte claims[MAXJ];              /* claims so far: the latest claim's id */
 byte holder[MAXJ];              /* the claim that holds the lease; 0: none */
 byte live[MAXJ];                /* the claim whose lease is live in real time */
 byte completer[MAXJ];           /* the claim whose COMPLETE landed */
-byte lost_to[MAXJ];             /* attempts lost to another job's crash */
+byte lost_to[MAXJ];             /* charged attempts lost to another job's crash */
+byte h_refund_ran = 0;          /* attempts REAP gave back although their handler started */
 byte h_stale = 0;               /* writes that landed from a non-holder */
 byte h_double = 0;              /* claims granted while another lease was live */
 byte h_early = 0;               /* dependents unblocked before their dependencies */
@@ -392,6 +395,20 @@ byte v_phase[NK];
 bool v_told[NK];                /* HEARTBEAT reported a cancel request */
 bool v_iso[NK];                 /* taken by CLAIM_ISOLATED */
 bool g_was_iso[NK];             /* ghost: the row was isolated when claimed */
+bool v_decl[NK];                /* listed in the worker's may_start (DECLARE_STARTS) */
+
+/* ---------------- crash containment: what a worker may have started ---- */
+byte may_start[NW];             /* conveyor_worker.may_start of the current process: bit j */
+byte refunds[MAXJ];             /* attempts REAP gave back: never started */
+/* the job's lease is in the row of a worker process that died (the
+ * restarted one has a row of its own): O_DEAD; O_LISTED: that row lists
+ * the job; ghost: O_RAN, the lease holder's handler started; O_VICTIM, the
+ * lease was lost to another job's crash                                  */
+byte orphan[MAXJ];
+#define O_DEAD   1
+#define O_LISTED 2
+#define O_RAN    4
+#define O_VICTIM 8
 bool frozen[NW];
 bool forever[NW];               /* frozen and never continued */
 
@@ -449,6 +466,15 @@ byte cron_jobs[MAX_TICK + 1];   /* jobs inserted per tick */
 #define ALONE(w) (!ISO_HELD(w) && !UNSTARTED(w))
 #define REAP_GUARD(j) (jstate[j] == RUNNING && expired[j] && locked[j] == 0)
 #define REAP_ISOLATES 1
+#define IN_LIST(w, j) ((may_start[w] >> (j)) & 1)
+#define LISTED(j) ((orphan[j] & O_DEAD) -> ((orphan[j] & O_LISTED) != 0) : IN_LIST(owner[j], j))
+#define REAP_STARTED(j) (!ISOLATION_ON || LISTED(j) || refunds[j] >= MAX_ATTEMPTS)
+#define GUARD_DECLARE_STARTS(k, j) FENCE(k, j)
+/* the slot's attempt holds j's lease and its handler started */
+#define RAN_K(k, j) (v_job[k] == (j) && v_gid[k] == holder[j] && v_phase[k] != P_CLAIMED)
+#define RAN(j) ((orphan[j] & O_DEAD) -> ((orphan[j] & O_RAN) != 0) : (RAN_K(0, j) || RAN_K(1, j) || RAN_K(2, j)))
+#define DECL_BIT(k) ((v_job[k] != NOJOB && v_decl[k]) -> (1 << v_job[k]) : 0)
+#define DECLARED(w) ((w) == 0 -> (DECL_BIT(0) | DECL_BIT(1)) : DECL_BIT(2))
 #define EFFECT_COMMITS_ALONE 0
 #define TXN_BOUND 1
 #define DECREMENT(x) pending[x]--
@@ -545,6 +571,12 @@ byte cron_jobs[MAX_TICK + 1];   /* jobs inserted per tick */
 #define CRASH_OK (h_iso_claim == 0 && !(ISO_LEASE(0) && ISO_LEASE(1)) && \
                   lost_to[0] <= 1 && lost_to[1] <= 1 && lost_to[2] <= 1 && lost_to[3] <= 1)
 
+/* every started attempt whose lease is current has its job in its
+ * worker's may_start; REAP gives back only attempts that never started   */
+#define SD_K(k) (!ISOLATION_ON || v_job[k] == NOJOB || v_phase[k] == P_CLAIMED || \
+                 holder[v_job[k]] != v_gid[k] || IN_LIST(WORKER(k), v_job[k]))
+#define STARTED_OK (h_refund_ran == 0 && SD_K(0) && SD_K(1) && SD_K(2))
+
 #define AVAIL_J(x) (jstate[x] != AVAILABLE || UNSAT_COUNT(x) == 0)
 #define WAIT_OK (h_early == 0 && AVAIL_J(0) && AVAIL_J(1) && AVAIL_J(2) && AVAIL_J(3))
 #define UNBLOCK_OK (h_unfenced == 0)
@@ -621,7 +653,7 @@ inline end_lease(k, j) {
 
 inline clear_slot(k) {
   v_job[k] = NOJOB; v_tok[k] = 0; v_gid[k] = 0; v_phase[k] = 0; v_told[k] = false; v_iso[k] = false;
-  g_was_iso[k] = false
+  g_was_iso[k] = false; v_decl[k] = false
 }
 
 /* slot k forgets its attempt.  Worker 0's two slots are interchangeable, so
@@ -631,7 +663,7 @@ inline forget(k) {
   :: k == 0 ->
        v_job[0] = v_job[1]; v_tok[0] = v_tok[1]; v_gid[0] = v_gid[1];
        v_phase[0] = v_phase[1]; v_told[0] = v_told[1]; v_iso[0] = v_iso[1];
-       g_was_iso[0] = g_was_iso[1];
+       g_was_iso[0] = g_was_iso[1]; v_decl[0] = v_decl[1];
        clear_slot(1)
   :: else -> clear_slot(k)
   fi
@@ -792,7 +824,44 @@ inline claimed(w, k, j, iso) {
   claims[j]++; holder[j] = claims[j]; live[j] = claims[j];
   v_job[k] = j; v_tok[k] = version[j]; v_gid[k] = claims[j];
   v_phase[k] = START_PHASE; v_told[k] = false; v_iso[k] = iso; g_was_iso[k] = isolated[j];
+  v_decl[k] = !ISOLATION_ON;
   printf("CLAIM      worker %d slot %d job %d token %d\n", w, k, j, version[j])
+}
+
+/* worker w's process dies (kill -9, or slot ck's handler, ck < NK): each
+ * lease in its row stays with that dead row until REAP, which reads the
+ * row's may_start; the restarted process has a row of its own, empty     */
+inline orphan_leases(w, ck) {
+  if
+  :: ISOLATION_ON ->
+       x = 0;
+       do
+       :: x < NJ ->
+            if
+            :: jstate[x] == RUNNING && owner[x] == w && (orphan[x] & O_DEAD) == 0 ->
+                 orphan[x] = O_DEAD;
+                 if :: IN_LIST(w, x) -> orphan[x] = orphan[x] | O_LISTED :: else -> skip fi;
+                 q = (w == 0 -> 0 : 2);
+                 do
+                 :: q < NK && WORKER(q) == w ->
+                      if
+                      :: v_job[q] == x && v_gid[q] == holder[x] && (v_phase[q] != P_CLAIMED || q == ck) ->
+                           orphan[x] = orphan[x] | O_RAN
+                      :: else -> skip
+                      fi;
+                      q++
+                 :: else -> break
+                 od;
+                 q = 0;
+                 if :: ck < NK && v_job[ck] != x -> orphan[x] = orphan[x] | O_VICTIM :: else -> skip fi
+            :: else -> skip
+            fi;
+            x++
+       :: else -> break
+       od;
+       x = 0; may_start[w] = 0
+  :: else -> skip
+  fi
 }
 
 /* kill -9 of worker w: its beliefs go, its open transactions roll back */
@@ -1045,24 +1114,27 @@ inline cancel_held(w, k) {
   :: atomic { !frozen[w] && v_job[k] != NOJOB && v_told[k] && \
               (v_phase[k] == P_CLAIMED || v_phase[k] == P_RUN || v_phase[k] == P_ABORTED) -> cancel_held(w, k) }
 
-/* Start: a claimed job goes to a handler; a crasher kills the worker, and
- * every other attempt it holds is lost with it                            */
+/* DECLARE_STARTS: UPDATE conveyor_worker SET may_start = <the jobs of its
+ * declared attempts and this one> WHERE id = w; then, in the same
+ * transaction, a read of the job's row: lease still this attempt's (state,
+ * owner, version)?  Declared; else the attempt is dropped unstarted.  REAP
+ * locks the owners' rows FOR SHARE: one step.                            */
+#define DECLARE_STARTS(w, k) \
+  :: atomic { ISOLATION_ON && !frozen[w] && v_job[k] != NOJOB && v_phase[k] == P_CLAIMED && !v_decl[k] -> \
+       j = v_job[k]; may_start[w] = DECLARED(w) | (1 << j); \
+       if \
+       :: GUARD_DECLARE_STARTS(k, j) -> v_decl[k] = true \
+       :: else -> forget(k) \
+       fi; j = 0 }
+
+/* Start: a claimed job it has declared goes to a handler; a crasher kills
+ * the worker, and every other attempt it holds is lost with it (REAP
+ * charges those its row lists)                                            */
 inline start(w, k) {
   j = v_job[k];
   if
   :: CRASHER(j) ->
-       x = (w == 0 -> 0 : 2);
-       do
-       :: x < NK && WORKER(x) == w ->
-            if
-            :: x != k && v_job[x] != NOJOB && holder[v_job[x]] == v_gid[x] && lost_to[v_job[x]] < 2 ->
-                 lost_to[v_job[x]]++
-            :: else -> skip
-            fi;
-            x++
-       :: else -> break
-       od;
-       x = 0;
+       orphan_leases(w, k);
        crash_worker(w);
        printf("Start      worker %d job %d: the handler kills the worker\n", w, j)
   :: else -> v_phase[k] = P_RUN
@@ -1070,7 +1142,7 @@ inline start(w, k) {
   j = 0
 }
 #define START(w, k) \
-  :: atomic { !frozen[w] && v_job[k] != NOJOB && v_phase[k] == P_CLAIMED -> start(w, k) }
+  :: atomic { !frozen[w] && v_job[k] != NOJOB && v_phase[k] == P_CLAIMED && v_decl[k] -> start(w, k) }
 
 /* CRON_ENQUEUE: guarded by the schedule row as read (next_tick_at = what the
  * scheduler saw, FOR UPDATE SKIP LOCKED): INSERT the tick's job, key
@@ -1117,6 +1189,7 @@ inline checkpoint(w, k) {
 
 #define SLOT(w, k) HEARTBEAT(w, k) LOCK_FOR_EFFECT(w, k) EFFECT(w, k) COMPLETE(w, k) \
   RECORD_RESULT(w, k) RETRY(w, k) FAIL(w, k) SNOOZE(w, k) RELEASE(w, k) CANCEL_HELD(w, k) START(w, k) \
+  DECLARE_STARTS(w, k) \
   CHECKPOINT(w, k) HEARTBEAT_PROGRESS(w, k)
 
 proctype Worker0() {
@@ -1162,11 +1235,25 @@ end_loop:
 
 /* REAP: UPDATE ... SET state = cancelled (cancel request) / dead / available
  * (isolated), lease_owner = NULL WHERE state='running' AND lease_expires_at
- * < now() FOR UPDATE SKIP P_LOCKED; CANCEL_DEPENDENTS when dead/cancelled    */
+ * < now() FOR UPDATE SKIP P_LOCKED, the owners' rows FOR SHARE;
+ * CANCEL_DEPENDENTS when dead/cancelled.  A job its owner's row does not
+ * list never started: cancelled or available as it was (isolated kept),
+ * attempt - 1, at most MAX_ATTEMPTS times (refunds).  Ghost: a charged
+ * attempt lost to another job's crash counts in lost_to; a give-back of an
+ * attempt whose handler started counts in h_refund_ran.                  */
 #define REAP(j) \
   :: atomic { REAP_GUARD(j) -> \
-       s = REAP_STATE(j); settle(j, s); \
-       if :: ISOLATION_ON && REAP_ISOLATES && s == AVAILABLE -> isolated[j] = true :: else -> skip fi; \
+       if \
+       :: REAP_STARTED(j) -> \
+            s = REAP_STATE(j); settle(j, s); \
+            if :: ISOLATION_ON && REAP_ISOLATES && s == AVAILABLE -> isolated[j] = true :: else -> skip fi; \
+            if :: (orphan[j] & O_VICTIM) && lost_to[j] < 2 -> lost_to[j]++ :: else -> skip fi \
+       :: else -> \
+            if :: RAN(j) -> h_refund_ran++ :: else -> skip fi; \
+            s = HANDBACK(j, AVAILABLE); settle(j, s); attempt[j]--; refunds[j]++; \
+            if :: s == CANCELLED -> isolated[j] = false :: else -> skip fi \
+       fi; \
+       orphan[j] = 0; \
        owner[j] = NOBODY; expired[j] = false; holder[j] = 0; \
        printf("REAP       job %d -> state %d\n", j, jstate[j]); s = 0 }
 
@@ -1186,7 +1273,7 @@ end_loop:
 
 /* Crash: kill -9 and an immediate restart */
 #define CRASH(w) \
-  :: atomic { crashes_left > 0 -> crashes_left--; crash_worker(w); forever[w] = false; \
+  :: atomic { crashes_left > 0 -> crashes_left--; orphan_leases(w, NK); crash_worker(w); forever[w] = false; \
        printf("Crash      worker %d\n", w) }
 
 /* Freeze: SIGSTOP, continued later (Thaw) or never */
@@ -1409,7 +1496,7 @@ T0: do \
     od \
 }
 
-INVARIANT(safety, LEASE_OK && FENCED && EFFECT_OK && LOCK_OK && CRASH_OK && WAIT_OK && UNBLOCK_OK
+INVARIANT(safety, LEASE_OK && FENCED && EFFECT_OK && LOCK_OK && CRASH_OK && STARTED_OK && WAIT_OK && UNBLOCK_OK
                   && COUNT_OK && WF_OK && OPERATOR_OK && CANCEL_OK && TICKS_OK
                   && GATES_OK && UNIQUE_OK && DUP_OK && REPLACE_OK
                   && LIMIT_OK && KEY_LIMIT_OK && RATE_OK)
@@ -1418,6 +1505,7 @@ INVARIANT(fenced_writes, FENCED)
 INVARIANT(effect_once, EFFECT_OK)
 INVARIANT(lock_held, LOCK_OK)
 INVARIANT(crash_contained, CRASH_OK)
+INVARIANT(started_declared, STARTED_OK)
 INVARIANT(dependents_wait, WAIT_OK)
 INVARIANT(unblock_fenced, UNBLOCK_OK)
 INVARIANT(counter_exact, COUNT_OK)

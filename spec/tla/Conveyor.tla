@@ -23,7 +23,9 @@
 (* Each feature is switched on by constants, so that a configuration can   *)
 (* check one feature in a state space small enough for TLC:                *)
 (*   Isolation        crash containment (issue 8): isolated flag, Start,   *)
-(*                    CLAIM_ISOLATED, handlers that kill their worker      *)
+(*                    CLAIM_ISOLATED, handlers that kill their worker;     *)
+(*                    DECLARE (the worker's may_start list) and REAP's     *)
+(*                    give-back of an attempt that never started           *)
 (*   Deps, RunAnyway  workflows (issue 12): blocked jobs and dependencies  *)
 (*   CancelRunning    cancelling a running job (issue 14)                  *)
 (*   MaxTick          cron (issue 11): one schedule, ticks 1..MaxTick      *)
@@ -101,7 +103,10 @@ Workflows == \E j \in Jobs : Deps[j] # {}
 
 \* Claims per job are bounded: every claim uses an attempt, except those that
 \* RELEASE or SNOOZE give back, and REQUEUE hands out a fresh set.
+\* With Isolation, REAP gives back at most MaxAttempts attempts of a job that
+\* never started (refunds).
 MaxClaims == (RequeueBudget + 1) * MaxAttempts + ReleaseBudget + SnoozeBudget
+             + (IF Isolation THEN MaxAttempts ELSE 0)
 
 ASSUME
     /\ IsFiniteSet(Jobs) /\ IsFiniteSet(Workers)
@@ -162,6 +167,18 @@ VARIABLES
     ckptCount,  \* ghost: checkpoint records committed for the job's step (0..2)
     stepEffect  \* ghost: committed business writes of the checkpointed step (0..2)
 
+\* ---- crash containment: what a worker may have started (Isolation)
+VARIABLES
+    mayStart,   \* conveyor_worker.may_start of worker w's current process:
+                \* the jobs it declared it may start (DECLARE_STARTS)
+    refunds,    \* attempts REAP gave back because they never started (the
+                \* job's errors entries marked unstarted)
+    orphan      \* orphan[j].dead: j's lease is in the row of a worker process
+                \* that died (the restarted process has a row of its own);
+                \* .listed: that dead row's may_start lists j (real); ghost:
+                \* .ran, the lease holder's handler started; .victim, the lease
+                \* was lost to another job's crash (its Start killed the worker)
+
 \* ---- flow control
 VARIABLES
     rateLog,    \* the queue's rate log: claims it records in the current window
@@ -172,9 +189,10 @@ row    == <<jstate, attempt, owner, version, expired, lockedBy, isolated,
             cancelReq, pending, cause, ledger, business>>
 ghost  == <<claims, holder, liveGid, completer, lostTo, alarms>>
 cron   == <<now, nextTick, seen, expect, cronJobs>>
-vars   == <<row, held, frozen, ghost, left, cron>>
 waits  == <<outcomes, signalsLeft, ckpt, ckptCount, stepEffect>>
 flow   == <<rateLog, winClaims>>
+starts == <<mayStart, refunds, orphan>>
+vars   == <<row, held, frozen, ghost, left, cron, starts>>
 allVars == <<vars, waits, flow>>
 
 FlowTypeOK ==
@@ -182,6 +200,18 @@ FlowTypeOK ==
     /\ winClaims \in 0..(Cardinality(Jobs) * MaxClaims)
 
 FlowInit == rateLog = 0 /\ winClaims = 0
+
+Alive == [dead |-> FALSE, listed |-> FALSE, ran |-> FALSE, victim |-> FALSE]
+
+StartsTypeOK ==
+    /\ mayStart \in [Workers -> SUBSET Jobs]
+    /\ refunds  \in [Jobs -> 0..MaxAttempts]
+    /\ orphan   \in [Jobs -> [dead : BOOLEAN, listed : BOOLEAN, ran : BOOLEAN, victim : BOOLEAN]]
+
+StartsInit ==
+    /\ mayStart = [w \in Workers |-> {}]
+    /\ refunds  = [j \in Jobs |-> 0]
+    /\ orphan   = [j \in Jobs |-> Alive]
 
 WaitsTypeOK ==
     /\ outcomes    \in [Jobs -> 0..2]
@@ -198,9 +228,11 @@ WaitsInit ==
     /\ stepEffect  = [j \in Jobs |-> 0]
 
 \* iso: the worker took it by CLAIM_ISOLATED (its belief); wasIso: ghost, the
-\* row was isolated when it was claimed (what the statement really took).
+\* row was isolated when it was claimed (what the statement really took);
+\* decl: the worker listed the job in its may_start (DECLARE_STARTS) under this
+\* lease (without Isolation every attempt starts at once: declared).
 Attempt == [job : Jobs, tok : 0..MaxClaims, gid : 1..MaxClaims, phase : Phases,
-            told : BOOLEAN, iso : BOOLEAN, wasIso : BOOLEAN]
+            told : BOOLEAN, iso : BOOLEAN, wasIso : BOOLEAN, decl : BOOLEAN]
 
 TypeOK ==
     /\ jstate    \in [Jobs -> States]
@@ -228,6 +260,7 @@ TypeOK ==
     /\ cronJobs \in [1..MaxTick -> 0..2]
     /\ WaitsTypeOK
     /\ FlowTypeOK
+    /\ StartsTypeOK
 
 Init ==
     /\ jstate    = [j \in Jobs |-> "absent"]
@@ -260,6 +293,7 @@ Init ==
     /\ cronJobs = [t \in 1..MaxTick |-> 0]
     /\ WaitsInit
     /\ FlowInit
+    /\ StartsInit
 
 -----------------------------------------------------------------------------
 (* Helpers *)
@@ -486,7 +520,7 @@ ENQUEUE(j) ==
 NewAttempt(j, iso) ==
     [job |-> j, tok |-> version[j] + 1, gid |-> claims[j] + 1,
      phase |-> IF Isolation THEN "claimed" ELSE "run", told |-> FALSE, iso |-> iso,
-     wasIso |-> isolated[j]]
+     wasIso |-> isolated[j], decl |-> ~Isolation]
 
 Claimed(w, j, iso) ==
     /\ jstate'  = [jstate EXCEPT ![j] = "running"]
@@ -860,27 +894,57 @@ CANCEL_HELD(w, a) ==
     /\ UNCHANGED <<attempt, version, lockedBy, cancelReq, ledger, business, frozen,
                    claims, completer, lostTo, left, cron>>
 
+\* The lease owner's row (FOR SHARE) lists the job: its worker may have
+\* started it.  A dead process's row is the one that owns the lease.
+Listed(j) == IF orphan[j].dead THEN orphan[j].listed ELSE j \in mayStart[owner[j]]
+
+\* Ghost: the handler of the attempt holding j's lease started.
+Ran(j) ==
+    IF orphan[j].dead THEN orphan[j].ran
+    ELSE \E w \in Workers : \E a \in held[w] :
+            a.job = j /\ a.gid = holder[j] /\ a.phase # "claimed"
+
+\* REAP's judgement: the attempt counts (the job may have killed its worker)
+\* when the owner listed the job, or when its attempts were given back
+\* max_attempts times already.
+GuardREAP_STARTED(j) == ~Isolation \/ Listed(j) \/ refunds[j] >= MaxAttempts
+
 \* UPDATE ... SET state = CASE WHEN cancel_requested_at IS NOT NULL THEN
-\*   'cancelled' WHEN attempt >= max_attempts THEN 'dead' ELSE 'available' END,
-\*   isolated = (state becomes 'available'), lease_owner = NULL,
-\*   errors = errors || 'lease lost'
+\*   'cancelled' WHEN started AND attempt >= max_attempts THEN 'dead' ELSE
+\*   'available' END, attempt = CASE WHEN started THEN attempt ELSE attempt - 1
+\*   END, isolated = (no cancel request) AND CASE WHEN started THEN (state
+\*   becomes 'available') ELSE isolated END, lease_owner = NULL,
+\*   errors = errors || ('lease lost' or 'unstarted')
 \* FROM (SELECT ... WHERE state='running' AND lease_expires_at < now()
-\*       FOR UPDATE SKIP LOCKED)
+\*       FOR UPDATE SKIP LOCKED), the owners' conveyor_worker rows FOR SHARE
 \* with CANCEL_DEPENDENTS when the job becomes dead or cancelled.  No owner
 \* in the guard: the reaper acts for nobody.  SKIP LOCKED: a row locked by a
-\* guarded transaction is left alone.
+\* guarded transaction is left alone.  started: GuardREAP_STARTED.  A
+\* charged attempt lost to another job's crash counts in lostTo (ghost); an
+\* attempt given back whose handler had started raises an alarm.
 REAP(j) ==
     /\ jstate[j] = "running"
     /\ expired[j]
     /\ lockedBy[j] = 0
     /\ LET st == HandBack(j, AfterFailure(j)) IN
-       /\ SetMoved(Moved(j, st), {})
-       /\ isolated' = [isolated EXCEPT ![j] = Isolation /\ st = "available"]
+       IF GuardREAP_STARTED(j)
+       THEN /\ SetMoved(Moved(j, st), {})
+            /\ isolated' = [isolated EXCEPT ![j] = Isolation /\ st = "available"]
+            /\ lostTo'   = [lostTo EXCEPT ![j] = IF orphan[j].victim /\ @ < MaxAttempts
+                                                 THEN @ + 1 ELSE @]
+            /\ UNCHANGED <<attempt, refunds>>
+       ELSE LET gb == HandBack(j, "available") IN
+            /\ SetMoved(Moved(j, gb), IF Ran(j) THEN Raise("refund", "REAP", j) ELSE {})
+            /\ isolated' = [isolated EXCEPT ![j] = @ /\ gb = "available"]
+            /\ attempt'  = [attempt EXCEPT ![j] = @ - 1]
+            /\ refunds'  = [refunds EXCEPT ![j] = @ + 1]
+            /\ UNCHANGED lostTo
+    /\ orphan'  = [orphan EXCEPT ![j] = Alive]
     /\ owner'   = [owner EXCEPT ![j] = NoWorker]
     /\ expired' = [expired EXCEPT ![j] = FALSE]
     /\ holder'  = [holder EXCEPT ![j] = 0]
-    /\ UNCHANGED <<attempt, version, lockedBy, cancelReq, ledger, business, held,
-                   frozen, claims, liveGid, completer, lostTo, left, cron>>
+    /\ UNCHANGED <<version, lockedBy, cancelReq, ledger, business, held,
+                   frozen, claims, liveGid, completer, left, cron, mayStart>>
 
 \* An operator gives a failed, dead or cancelled job a fresh set of attempts:
 \*   UPDATE ... SET state = CASE WHEN it has dependencies THEN 'blocked'
@@ -1028,32 +1092,76 @@ ENQUEUE_REPLACE(j) ==
 -----------------------------------------------------------------------------
 (* The handler, the server and the environment *)
 
-\* The worker hands a claimed job to a free handler.  A handler in Crashers
-\* kills the worker process (os._exit): every job the worker holds loses
-\* its attempt with it.
+\* The worker process of w dies (kill -9, or a handler's os._exit), with
+\* the attempts C whose handler killed it (at most one): each lease in its row stays with that
+\* dead row until REAP, which reads the row's may_start (orphan.listed); the
+\* restarted process registers a row of its own, with an empty list.  Ghost:
+\* whether the lease holder's handler had started (C's has, at this Start),
+\* and whether the lease was lost to another job's crash.
+OrphanLeases(w, C) ==
+    IF Isolation
+    THEN /\ orphan' = [j \in Jobs |->
+                        IF jstate[j] = "running" /\ owner[j] = w /\ ~orphan[j].dead
+                        THEN [dead   |-> TRUE,
+                              listed |-> j \in mayStart[w],
+                              ran    |-> \E u \in held[w] :
+                                          u.job = j /\ u.gid = holder[j]
+                                          /\ (u.phase # "claimed" \/ u \in C),
+                              victim |-> \E c \in C : c.job # j]
+                        ELSE orphan[j]]
+         /\ mayStart' = [mayStart EXCEPT ![w] = {}]
+         /\ UNCHANGED refunds
+    ELSE UNCHANGED starts
+
+\* The worker lists a claimed job in its row before it may start it:
+\*   UPDATE conveyor_worker SET may_start = <the jobs of its declared attempts
+\*   and this one> WHERE id = w
+\* then, in a later statement of the same transaction (a snapshot after the
+\* row's lock, which REAP takes FOR SHARE), reads the job's row: is the lease
+\* still running under this owner and token?  Yes: the attempt is declared.
+\* No: the worker drops it unstarted (the list it wrote names the job; the
+\* job's current lease is not w's).  One step: REAP waits for the row lock.
+GuardDECLARE_STARTS(w, a) ==
+    /\ jstate[a.job] = "running"
+    /\ owner[a.job] = w
+    /\ version[a.job] = a.tok
+
+DECLARE_STARTS(w, a) ==
+    /\ Isolation
+    /\ ~frozen[w]
+    /\ a \in held[w]
+    /\ a.phase = "claimed"
+    /\ ~a.decl
+    /\ mayStart' = [mayStart EXCEPT ![w] = {b.job : b \in {u \in held[w] : u.decl}} \cup {a.job}]
+    /\ IF GuardDECLARE_STARTS(w, a)
+       THEN Replace(w, a, [a EXCEPT !.decl = TRUE])
+       ELSE Forget(w, a)
+    /\ UNCHANGED <<row, frozen, ghost, left, cron, refunds, orphan>>
+
+\* The worker hands a claimed job it has declared to a free handler.  A
+\* handler in Crashers kills the worker process (os._exit): every job the
+\* worker holds loses its attempt with it (REAP charges those it listed).
 Start(w, a) ==
     /\ Isolation
     /\ ~frozen[w]
     /\ a \in held[w]
     /\ a.phase = "claimed"
+    /\ a.decl
     /\ IF a.job \in Crashers
-       THEN LET victims == {v.job : v \in {u \in held[w] \ {a} : holder[u.job] = u.gid}}
-                mine    == {u \in held[w] : u.phase \in {"locked", "effect"}}
+       THEN LET mine == {u \in held[w] : u.phase \in {"locked", "effect"}}
             IN
             /\ held'     = [held EXCEPT ![w] = {}]
             /\ lockedBy' = [j \in Jobs |->
                               IF \E b \in mine : b.job = j /\ lockedBy[j] = b.gid
                               THEN 0 ELSE lockedBy[j]]
-            /\ lostTo'   = [j \in Jobs |->
-                              IF j \in victims /\ lostTo[j] < MaxAttempts
-                              THEN lostTo[j] + 1 ELSE lostTo[j]]
             /\ seen'     = [seen EXCEPT ![w] = 0]
             /\ expect'   = [expect EXCEPT ![w] = 0]
+            /\ OrphanLeases(w, {a})
        ELSE /\ Replace(w, a, [a EXCEPT !.phase = "run"])
-            /\ UNCHANGED <<lockedBy, lostTo, seen, expect>>
+            /\ UNCHANGED <<lockedBy, seen, expect, starts>>
     /\ UNCHANGED <<jstate, attempt, owner, version, expired, isolated, cancelReq,
                    pending, cause, ledger, business, frozen, claims, holder, liveGid,
-                   completer, alarms, left, now, nextTick, cronJobs>>
+                   completer, lostTo, alarms, left, now, nextTick, cronJobs>>
 
 \* PostgreSQL ends a guarded transaction whose session has been idle for
 \* longer than idle_in_transaction_session_timeout (or whose statement ran
@@ -1092,6 +1200,7 @@ Crash(w) ==
                       THEN 0 ELSE lockedBy[j]]
     /\ seen'     = [seen EXCEPT ![w] = 0]
     /\ expect'   = [expect EXCEPT ![w] = 0]
+    /\ OrphanLeases(w, {})
     /\ UNCHANGED <<jstate, attempt, owner, version, expired, isolated, cancelReq,
                    pending, cause, ledger, business, ghost, now, nextTick, cronJobs>>
 
@@ -1268,8 +1377,16 @@ GateEdges == {<<"blocked", "completed">>, <<"blocked", "failed">>}
 
 \* An attempt's step of progress: its handler starts, locks, writes, ends.
 Progress(w, a) ==
-    \/ Start(w, a) \/ LOCK_FOR_EFFECT(w, a) \/ Effect(w, a) \/ COMPLETE(w, a)
+    \/ LOCK_FOR_EFFECT(w, a) \/ Effect(w, a) \/ COMPLETE(w, a)
     \/ RETRY(w, a) \/ FAIL(w, a) \/ RECORD_RESULT(w, a)
+
+\* The steps that write what a worker may have started (starts): the others
+\* keep it.
+StartStep ==
+    \/ \E w \in Workers :
+         \/ \E a \in held[w] : DECLARE_STARTS(w, a) \/ Start(w, a)
+         \/ Crash(w)
+    \/ \E j \in Jobs : REAP(j)
 
 WorkerStep(w) ==
     \/ \E a \in held[w] :
@@ -1278,10 +1395,10 @@ WorkerStep(w) ==
          \/ HEARTBEAT_PROGRESS(w, a)
     \/ \E j \in Jobs : CLAIM(w, j) \/ CLAIM_ISOLATED(w, j)
     \/ SchedulerRead(w) \/ CRON_ENQUEUE(w)
-    \/ Crash(w) \/ Freeze(w) \/ Thaw(w)
+    \/ Freeze(w) \/ Thaw(w)
 
 JobStep(j) ==
-    \/ ENQUEUE(j) \/ REAP(j) \/ Tick(j) \/ REQUEUE(j) \/ CANCEL(j) \/ PRUNE(j)
+    \/ ENQUEUE(j) \/ Tick(j) \/ REQUEUE(j) \/ CANCEL(j) \/ PRUNE(j)
     \/ REQUEST_CANCEL(j)
     \/ FoldDuplicate(j) \/ ENQUEUE_REPLACE(j)     \* unique jobs
 
@@ -1301,8 +1418,10 @@ KeepWaits ==
 \* Every other step keeps the rate log (the ghost counts what it starts).
 KeepFlow == UNCHANGED rateLog /\ CountStarts
 
-Next == (CoreNext /\ KeepWaits /\ KeepFlow) \/ (WaitStep /\ KeepFlow)
-        \/ (FlowStep /\ UNCHANGED waits)
+Next == (CoreNext /\ KeepWaits /\ KeepFlow /\ UNCHANGED starts)
+        \/ (StartStep /\ KeepWaits /\ KeepFlow)
+        \/ (WaitStep /\ KeepFlow /\ UNCHANGED starts)
+        \/ (FlowStep /\ UNCHANGED <<waits, starts>>)
 
 ClaimSome ==
     \/ \E w \in Workers, j \in Jobs : CLAIM(w, j) \/ CLAIM_ISOLATED(w, j)
@@ -1316,14 +1435,15 @@ ClaimSome ==
 \* crashes, freezes, releases, snoozes and operator actions are bounded by
 \* their budgets.
 Fairness ==
-    /\ \A j \in Jobs : WF_vars(Tick(j)) /\ WF_vars(REAP(j))
-    /\ WF_vars(ClaimSome)
+    /\ \A j \in Jobs : WF_vars(Tick(j) /\ UNCHANGED starts) /\ WF_vars(REAP(j))
+    /\ WF_vars(ClaimSome /\ UNCHANGED starts)
     /\ \A w \in Workers :
-         /\ WF_vars(\E a \in held[w] : Progress(w, a))
-         /\ WF_vars(frozen[w] /\ \E a \in held[w] : TxnTimeout(w, a))
-         /\ WF_vars(SchedulerRead(w) \/ CRON_ENQUEUE(w))
-    /\ WF_vars(Clock)
-    /\ \A j \in Jobs : WF_vars(GATE_TIMEOUT(j))
+         /\ WF_vars(\E a \in held[w] : (Progress(w, a) /\ UNCHANGED starts)
+                                       \/ DECLARE_STARTS(w, a) \/ Start(w, a))
+         /\ WF_vars(frozen[w] /\ \E a \in held[w] : TxnTimeout(w, a) /\ UNCHANGED starts)
+         /\ WF_vars((SchedulerRead(w) \/ CRON_ENQUEUE(w)) /\ UNCHANGED starts)
+    /\ WF_vars(Clock /\ UNCHANGED starts)
+    /\ \A j \in Jobs : WF_vars(GATE_TIMEOUT(j) /\ UNCHANGED starts)
     /\ WF_allVars(NewWindow)
 
 Spec == Init /\ [][Next]_allVars /\ Fairness
@@ -1384,12 +1504,23 @@ LockHeld ==
 \* Crash containment: an isolated job is never claimed by CLAIM; a worker
 \* never holds the leases of two jobs that were isolated when claimed (ghost
 \* wasIso and holder, not the worker's own beliefs); and so a job loses at
-\* most one attempt to another job's crash.
+\* most one charged attempt to another job's crash (ghost lostTo, counted by
+\* REAP when it charges an attempt whose lease another job's crash ended).
 CrashContained ==
     /\ ~Alarmed("isolated")
     /\ \A w \in Workers :
          Cardinality({a \in held[w] : a.wasIso /\ holder[a.job] = a.gid}) <= 1
     /\ \A j \in Jobs : lostTo[j] <= 1
+
+\* A handler runs only a job its worker's row lists: every started attempt
+\* whose lease is current (ghost holder) has its job in its worker's
+\* may_start; and REAP gives back an attempt only if its handler never
+\* started (ghost Ran: the alarm "refund").
+StartedDeclared ==
+    /\ ~Alarmed("refund")
+    /\ Isolation =>
+         \A w \in Workers : \A a \in held[w] :
+            (a.phase # "claimed" /\ holder[a.job] = a.gid) => a.job \in mayStart[w]
 
 \* Workflows.  A job leaves 'blocked' for 'available' only when each of its
 \* dependencies is completed (policy 'cancel') or final (policy 'run'), and
@@ -1546,7 +1677,7 @@ RateHeld == Lim.rate > 0 => winClaims <= Lim.rate
 THEOREM Spec => [](LimitHeld /\ KeyLimitHeld /\ RateHeld)
 THEOREM Spec => [](GateNeverClaimed /\ GateOnce /\ GateAfterUpstream /\ CheckpointOnce)
 THEOREM Spec => [](TypeOK /\ LeaseExclusive /\ FencedWrites /\ EffectOnce /\ LockHeld
-                   /\ CrashContained /\ DependentsWait /\ CounterExact
+                   /\ CrashContained /\ StartedDeclared /\ DependentsWait /\ CounterExact
                    /\ NoDoomedBlocked /\ CascadeCause /\ OperatorCancelStands
                    /\ CancelHonoured /\ OneJobPerTick
                    /\ UniqueKeyHeld /\ DuplicateOfHolder /\ ReplacePending)
