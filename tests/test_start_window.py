@@ -149,3 +149,21 @@ def test_a_killed_worker_with_a_deep_buffer_isolates_only_what_it_could_start(pr
     assert back.count() >= JOBS - 2 - 256 - 16  # Slots, the listed window, a slot's batch.
     assert set(back.values_list("attempt", flat=True)) == {0}  # Their attempt given back.
     assert not started & set(back.values_list("id", flat=True))
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.slow
+def test_a_worker_drains_through_its_unlisted_buffer(procs, tmp_path):
+    """3,000 no-op jobs, 2 slots, --prefetch 1000: most of the buffer waits unlisted
+    and moves to the slots a window at a time; every job completes once, none isolated,
+    and the worker's list is NULL again once nothing waits unlisted."""
+    ids = [int(tasks.noop.enqueue().id) for _ in range(3000)]
+    proc = start_logged_worker(
+        procs, tmp_path, "drain", "--burst", "--concurrency", "2", "--prefetch", "1000"
+    )
+    assert proc.wait(120) == 0
+    rows = Job.objects.filter(pk__in=ids)
+    assert rows.filter(state="completed", attempt=1, isolated=False).count() == 3000
+    log = (tmp_path / "drain.log").read_text()
+    assert "Traceback" not in log and "control loop error" not in log
+    assert list(Worker.objects.values_list("may_start", flat=True)) == [None]

@@ -102,6 +102,10 @@ class StartWindow:
         )
         return plan
 
+    def statements(self) -> int:
+        """Statements a plan may run: the list, and the check of the leases it moves."""
+        return 2
+
     def failed(self) -> None:
         """The cycle did not commit, or not all of it: the row's list is unknown."""
         self.unsure = True
