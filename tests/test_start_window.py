@@ -10,6 +10,8 @@ from django.utils import timezone
 
 from django_conveyor import protocol
 from django_conveyor.models import Job, Worker
+from django_conveyor.worker.attempts import Attempt
+from django_conveyor.worker.starts import StartWindow
 from tests.factories import JobFactory
 from tests.helpers import start_logged_worker, wait_until
 from tests.testapp import tasks
@@ -167,3 +169,38 @@ def test_a_worker_drains_through_its_unlisted_buffer(procs, tmp_path):
     log = (tmp_path / "drain.log").read_text()
     assert "Traceback" not in log and "control loop error" not in log
     assert list(Worker.objects.values_list("may_start", flat=True)) == [None]
+
+
+def buffered(job_id: int) -> Attempt:
+    now = timezone.now()
+    lease = protocol.Lease(
+        id=job_id, task_path="t", args=[], kwargs={}, queue="default", backend="default",
+        priority=0, attempt=1, max_attempts=3, version=1, idempotency_key=None,
+        enqueued_at=now, started_at=now, owner=OWNER, pickup_delay=0.0, errors=None,
+        isolated=False, enqueued_run_after=None, tags=None, meta=None,
+    )  # fmt: skip
+    return Attempt(lease=lease, database="default")
+
+
+class TestTheReserve:
+    def window(self, *attempts: Attempt) -> StartWindow:
+        window = StartWindow(OWNER)
+        window.reserve.update((a.lease.id, a) for a in attempts)
+        return window
+
+    def test_its_front_skips_and_drops_lost_attempts_and_keeps_the_rest(self):
+        first, lost, second, third, later_lost = (buffered(i) for i in range(1, 6))
+        lost.mark_lost("reaped")
+        later_lost.mark_lost("reaped")
+        window = self.window(first, lost, second, third, later_lost)
+        assert window.front(2) == [first, second]
+        # Only the front was read: a lost attempt further back waits its turn.
+        assert list(window.reserve) == [1, 3, 4, 5]
+        assert window.front(10) == [first, second, third]
+        assert list(window.reserve) == [1, 3, 4]
+
+    def test_it_moves_only_with_room_for_half_a_window(self):
+        window = self.window(buffered(1))
+        assert window.moving(room=4, window=8) and not window.moving(room=3, window=8)
+        assert window.moving(room=1, window=1) and not window.moving(room=0, window=1)
+        assert not StartWindow(OWNER).moving(room=100, window=8)  # Nothing waits.

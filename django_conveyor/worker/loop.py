@@ -33,7 +33,7 @@ from ..observability import joblogs
 from . import outcomes
 from .attempts import RELEASE, Attempt, Outcome
 from .backoff import WORKER_RECONNECT_SECONDS, Ladder
-from .claims import Claimer
+from .claims import Claimer, ClaimStep
 from .config import WorkerConfig, WorkerOptions
 from .connections import READ_ONLY, Listener, LoopConnection, is_read_only, one_line
 from .handlers.reporting import Reporter
@@ -329,7 +329,7 @@ class Worker:
             if claim and not self.stopping.is_set()
             else []
         )
-        moving = bool(self.starts.waiting()) and room >= max(1, window // 2)
+        moving = self.starts.moving(room, window)
         if not leases.pending and not steps and not moving:
             return 0
         conn = self.connection.get()
@@ -380,7 +380,7 @@ class Worker:
         return len(claimed)
 
     def claim_and_list(
-        self, cur: protocol.Cursor, steps: list, now: float, *, room: int, window: int
+        self, cur: protocol.Cursor, steps: list[ClaimStep], now: float, *, room: int, window: int
     ) -> tuple[list[protocol.Lease], StartPlan]:
         """The claim steps, then the list of what the slots may start (starts.py)."""
         claimed = self.claimer.claim(cur, steps, now)

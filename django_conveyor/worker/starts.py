@@ -49,6 +49,15 @@ class StartWindow:
     def waiting(self) -> int:
         return len(self.reserve)
 
+    def moving(self, room: int, window: int) -> bool:
+        """Whether this cycle moves jobs from the reserve: the slots' queue has
+        room for about half a window (so each move lists a batch, not a job)."""
+        return bool(self.reserve) and self.has_room(room, window)
+
+    @staticmethod
+    def has_room(room: int, window: int) -> bool:
+        return room >= max(1, window // 2)
+
     def take_all(self) -> list[Attempt]:
         """Remove and return the reserve (a shutdown hands it back)."""
         taken = list(self.reserve.values())
@@ -69,19 +78,17 @@ class StartWindow:
         `room`: jobs the slots' queue takes to be full (free slots plus the
         window, minus what waits there); `window`: its depth. `held`: the
         ids of every job whose outcome is not yet written, those just
-        claimed excluded. Nothing here changes until `apply`, after the commit.
+        claimed excluded. Nothing here changes until `apply`, after the commit,
+        but lost attempts met at the reserve's front, which leave it at once.
         """
         plan = StartPlan()
-        self.reserve = collections.OrderedDict(
-            (i, a) for i, a in self.reserve.items() if not a.lost
-        )
         if not self.unsure:
             if self.listed is None and len(claimed) <= max(room, 0):
                 return plan  # Everything starts: the NULL list already says so.
-            if self.listed is not None and room < max(1, window // 2):
+            if self.listed is not None and not self.has_room(room, window):
                 plan.kept = {lease.id for lease in claimed}  # The slots have enough for now.
                 return plan
-        plan.moved = list(self.reserve.values())[: max(room, 0)]
+        plan.moved = self.front(max(room, 0))
         starting = [lease.id for lease in claimed[: max(room - len(plan.moved), 0)]]
         plan.kept = {lease.id for lease in claimed[len(starting) :]}
         if len(self.reserve) - len(plan.moved) + len(plan.kept):
@@ -101,6 +108,25 @@ class StartWindow:
             check=[(a.lease.id, a.lease.version) for a in plan.moved],
         )
         return plan
+
+    def front(self, count: int) -> list[Attempt]:
+        """Up to `count` attempts from the reserve's front, in claim order.
+
+        An attempt a heartbeat found lost is dropped on the way (it is no
+        longer held): only the front is read, never the whole reserve.
+        """
+        front: list[Attempt] = []
+        dropped: list[int] = []
+        for job_id, attempt in self.reserve.items():
+            if len(front) >= count:
+                break
+            if attempt.lost:
+                dropped.append(job_id)
+            else:
+                front.append(attempt)
+        for job_id in dropped:
+            del self.reserve[job_id]
+        return front
 
     def statements(self) -> int:
         """Statements a plan may run: the list, and the check of the leases it moves."""
