@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import re
 import signal
 import subprocess
 import time
@@ -216,12 +217,12 @@ def workload_growth(run: Run) -> dict[str, Any]:
 # before issue 15, per row (`queue <> ALL(ARRAY(...))`, and no lone-queue
 # constant for the queue-led index), which makes the planner estimate one
 # matching row and sort every ready row per claim. The limit workload
-# measures both, so the table shows what the shipped filter buys.
-SHIPPED_FILTER = """AND queue = ANY(ARRAY(
-          SELECT s.name FROM unnest(%(queues)s::text[]) AS s(name)
-          WHERE NOT EXISTS (SELECT 1 FROM conveyor_queue AS q WHERE q.name = s.name AND q.paused)
-      ))
-      AND (cardinality(%(queues)s::text[]) <> 1 OR queue = (%(queues)s::text[])[1])"""
+# measures both, so the table shows what the shipped filter buys. The
+# shipped filter (paused and limited queues taken out of the worker's list
+# once, before the scan) is found by its two ends, as its middle changes.
+SHIPPED_FILTER = re.compile(
+    r"AND queue = ANY\(ARRAY\(.*?OR queue = \(%\(queues\)s::text\[\]\)\[1\]\)", re.DOTALL
+)
 PER_ROW_FILTER = (
     "AND queue = ANY(%(queues)s)"
     " AND queue <> ALL(ARRAY(SELECT name FROM conveyor_queue WHERE paused))"
@@ -231,11 +232,12 @@ PER_ROW_FILTER = (
 def claim_sql(protocol: Any, variant: str) -> str:
     if variant == "protocol":
         return protocol.CLAIM
-    if SHIPPED_FILTER not in protocol.CLAIM:
+    edited, found = SHIPPED_FILTER.subn(lambda _: PER_ROW_FILTER, protocol.CLAIM, count=1)
+    if not found:
         raise RuntimeError(
             "protocol.CLAIM no longer has the paused-queue filter this variant edits"
         )
-    return protocol.CLAIM.replace(SHIPPED_FILTER, PER_ROW_FILTER)
+    return edited
 
 
 def _limit_process(
