@@ -330,11 +330,12 @@ class TestClaimer:
     def test_the_buffer_adapts_to_job_length(self):
         claimer = self.claimer()
         assert claimer.prefetch(None) == 4  # Nothing has run yet: the concurrency.
-        assert claimer.prefetch(0.001) == 80  # 20 ms of work per slot.
-        assert claimer.prefetch(1e-9) == 4096  # Capped.
+        assert claimer.prefetch(0.001) == 400  # 100 ms of work per slot.
+        assert claimer.prefetch(1e-9) == 1024  # Capped.
         assert claimer.prefetch(5.0) == 0  # Long jobs are not hoarded.
         # What the slots' queue holds, listed as may-start: the part a crash implicates.
-        assert claimer.start_window(0.001) == 80
+        assert claimer.start_window(0.01) == 40
+        assert claimer.start_window(0.001) == 256
         assert claimer.start_window(1e-9) == 256
         assert self.claimer(prefetch=1000).start_window(None) == 256
         assert self.claimer(prefetch=2).start_window(None) == 2

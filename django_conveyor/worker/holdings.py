@@ -56,6 +56,9 @@ class Holdings:
         self.instrument = instrument  # None: nothing listens, and nothing is called.
         self.held: dict[int, Attempt] = {}  # Job id -> its attempt, until its outcome is written.
         self.pending: dict[int, Outcome] = {}  # Job id -> its outcome, not yet committed.
+        # Ids of the isolated leases taken (a few at most): read every cycle,
+        # so `holds_isolated` never walks a deep claim-ahead buffer.
+        self.isolated_taken: set[int] = set()
         self.reported: queue.SimpleQueue[Outcome] = queue.SimpleQueue()  # From slot threads.
         self.finished_attempts = 0
         self.unreadable_seen = readable.seen()  # Unreadable values met before this worker.
@@ -70,6 +73,8 @@ class Holdings:
         taken = [Attempt(lease, self.database, self.lease_seconds) for lease in claimed]
         for attempt in taken:
             self.held[attempt.lease.id] = attempt
+            if attempt.lease.isolated:
+                self.isolated_taken.add(attempt.lease.id)
         if claimed:
             self.counters.add("claimed", len(claimed))
             if self.instrument:
@@ -147,7 +152,11 @@ class Holdings:
 
     def holds_isolated(self) -> bool:
         """A lease from CLAIM_ISOLATED is held: nothing may be claimed ahead beside it."""
-        return any(a.lease.isolated for a in self.held.values())
+        held = self.held
+        self.isolated_taken = {
+            i for i in self.isolated_taken if (a := held.get(i)) is not None and a.lease.isolated
+        }
+        return bool(self.isolated_taken)
 
     def statements(self) -> int:
         """How many statements writing `pending` may take: one per kind, two for the

@@ -385,7 +385,7 @@ class Worker:
         """The claim steps, then the list of what the slots may start (starts.py)."""
         claimed = self.claimer.claim(cur, steps, now)
         plan = self.starts.plan(
-            cur, claimed, held=self.holdings.unsettled(), room=room, window=window
+            cur, claimed, held=self.holdings.unsettled, room=room, window=window
         )
         return claimed, plan
 

@@ -20,7 +20,7 @@ When the reserve empties, the list goes back to NULL.
 from __future__ import annotations
 
 import collections
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from .. import protocol
@@ -69,16 +69,17 @@ class StartWindow:
         cur: Cursor,
         claimed: Sequence[Lease],
         *,
-        held: Iterable[int],
+        held: Callable[[], Iterable[int]],
         room: int,
         window: int,
     ) -> StartPlan:
         """List what the slots may start now, in the cycle's transaction.
 
         `room`: jobs the slots' queue takes to be full (free slots plus the
-        window, minus what waits there); `window`: its depth. `held`: the
+        window, minus what waits there); `window`: its depth. `held()`: the
         ids of every job whose outcome is not yet written, those just
-        claimed excluded. Nothing here changes until `apply`, after the commit,
+        claimed excluded; called only when a list is written (it walks the
+        whole buffer). Nothing here changes until `apply`, after the commit,
         but lost attempts met at the reserve's front, which leave it at once.
         """
         plan = StartPlan()
@@ -94,7 +95,7 @@ class StartWindow:
         if len(self.reserve) - len(plan.moved) + len(plan.kept):
             # Listed: what the slots hold or may start. At the switch from NULL
             # (or when unsure what the row says), every held job but the reserve.
-            held_now = set(held)
+            held_now = set(held())
             if self.listed is None or self.unsure:
                 listed = held_now - self.reserve.keys()
             else:
