@@ -38,8 +38,8 @@ from dataclasses import dataclass
 from .. import protocol
 from ..protocol import Cursor, Lease
 
-# Buffered work per slot. A deep buffer costs a crash nothing (starts.py), and
-# 20 ms left the slots of no-op jobs waiting on the cycle (docs/performance.md).
+# Buffered work per slot. A deep buffer costs a crash nothing (starts.py); at
+# 20 ms the default drained no-op jobs slower than a fixed 1,000 (docs/performance.md).
 CLAIM_AHEAD_SECONDS = 0.1
 MAX_PREFETCH = 1024  # Claimed ahead, at most (starts.py: most of it is never listed).
 MAX_START_WINDOW = 256  # Listed as may-start and queued for the slots, at most.
