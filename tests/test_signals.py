@@ -6,6 +6,7 @@ configures); any receiver, or the log level on, brings everything back.
 """
 
 import logging
+import queue
 
 import pytest
 
@@ -110,6 +111,47 @@ def test_a_context_still_gets_its_result(tasks_log_level, results_built):
     result.refresh()
     assert result.return_value == 1
     assert results_built == [int(result.id)]
+
+
+def test_the_reporter_thread_is_not_woken_when_nothing_can_hear(tasks_log_level, monkeypatch):
+    """A cycle's outcomes reach the reporting thread as one batch, or not at all."""
+    from django_conveyor.worker.handlers.reporting import Reporter
+
+    batches = []
+
+    class Recording(queue.SimpleQueue):
+        def put(self, batch, *args, **kwargs):
+            if batch is not None:
+                batches.append([o.attempt.lease.id for o in batch])
+            super().put(batch, *args, **kwargs)
+
+    original = Reporter.__init__
+
+    def recording(self):
+        original(self)
+        self.written = Recording()
+
+    monkeypatch.setattr(Reporter, "__init__", recording)
+    tasks_log_level(logging.CRITICAL)  # Not even a failure's ERROR line is on.
+    tasks.add.enqueue(1, 2)
+    tasks.discard_me.enqueue("no")
+    run_burst()
+    assert batches == []
+
+    seen = []
+
+    def finished(sender, task_result, **kwargs):
+        seen.append(int(task_result.id))
+
+    task_finished.connect(finished)
+    try:
+        first = tasks.add.enqueue(1, 2)
+        second = tasks.add.enqueue(3, 4)
+        run_burst(concurrency=1)
+    finally:
+        task_finished.disconnect(finished)
+    assert sorted(seen) == sorted([int(first.id), int(second.id)])
+    assert sorted(job for batch in batches for job in batch) == sorted(seen)
 
 
 def test_enqueue_sends_task_enqueued_to_a_receiver(tasks_log_level):

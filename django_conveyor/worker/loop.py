@@ -369,8 +369,7 @@ class Worker:
             except Exception:
                 self.starts.failed()
                 raise
-        for outcome in leases.settle(written):
-            self.reporter.submit(outcome)
+        self.reporter.submit(leases.settle(written))
         start, lost = self.starts.apply(plan, leases.take(claimed))
         for attempt in lost:
             leases.lose(attempt, "reaped before it started")

@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+from collections.abc import Iterable
 
 from django.db import connections
 
@@ -80,18 +81,31 @@ def report(outcome: Outcome) -> None:
 
 
 class Reporter:
-    """The worker's reporting thread: sends `task_finished` in commit order."""
+    """The worker's reporting thread: sends `task_finished` in commit order.
+
+    A cycle's outcomes travel as one batch, so the thread wakes once per
+    commit, not once per job; when nothing hears the signal at all (only
+    django.tasks' log line, and its logger drops even errors) nothing is
+    queued and the thread does not wake.
+    """
 
     def __init__(self) -> None:
-        self.written: queue.SimpleQueue[Outcome | None] = queue.SimpleQueue()
+        self.written: queue.SimpleQueue[list[Outcome] | None] = queue.SimpleQueue()
         self.thread = threading.Thread(target=self.run, name="conveyor-reporter", daemon=True)
 
     def start(self) -> None:
         self.thread.start()
 
-    def submit(self, outcome: Outcome) -> None:
-        if outcome.kind in FINISHED_STATUS and outcome.attempt.started_at is not None:
-            self.written.put(outcome)
+    def submit(self, outcomes: Iterable[Outcome]) -> None:
+        """The outcomes one commit wrote, in their order."""
+        # ERROR is the highest level a task_finished line is logged at (report()).
+        if not heard(task_finished, log_task_finished, logging.ERROR):
+            return
+        batch = [
+            o for o in outcomes if o.kind in FINISHED_STATUS and o.attempt.started_at is not None
+        ]
+        if batch:
+            self.written.put(batch)
 
     def stop(self) -> None:
         """Send what is queued (up to FLUSH_SECONDS), then end the thread."""
@@ -100,10 +114,11 @@ class Reporter:
             self.thread.join(FLUSH_SECONDS)
 
     def run(self) -> None:
-        while (outcome := self.written.get()) is not None:
-            try:
-                report(outcome)
-            except Exception:  # A receiver's error is its own, never the worker's.
-                logger.exception("a task_finished receiver raised")
+        while (batch := self.written.get()) is not None:
+            for outcome in batch:
+                try:
+                    report(outcome)
+                except Exception:  # A receiver's error is its own, never the worker's.
+                    logger.exception("a task_finished receiver raised")
             executor.connection_hygiene()
         connections.close_all()  # This thread's connections, if receivers opened any.

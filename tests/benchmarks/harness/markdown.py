@@ -298,6 +298,44 @@ def profile_table(doc: dict[str, Any]) -> list[str]:
                 ]
                 out += [f"| {k} | {v:.1f} |" for k, v in b["gil"]["us_per_job"].items()]
                 out.append(f"| **total with the GIL** | **{b['gil']['us_per_job_total']:.1f}** |")
+                if loop := b.get("wall", {}).get("control_loop_us_per_job"):
+                    out += ["", "| the control loop (wall) | µs per job |", "| --- | --- |"]
+                    out += [f"| {k} | {v:.1f} |" for k, v in loop.items()]
+                out += cpu_table(run.get("unprofiled"))
+    return out
+
+
+def cpu_table(cpu: dict[str, Any] | None) -> list[str]:
+    """The profile run's unprofiled window: CPU per job of the worker and the server."""
+    if not cpu:
+        return []
+    names = {
+        "worker": "the worker process (every thread)",
+        "backends": "its PostgreSQL backends",
+        "server_other": "PostgreSQL's other processes",
+    }
+    out = [
+        "",
+        f"Unprofiled, {cpu['jobs']:,} jobs at {cpu['jobs_per_s']:,.0f} jobs/s: CPU per job",
+        "",
+        "| process | user µs | system µs | total µs | share of one core |",
+        "| --- | ---: | ---: | ---: | ---: |",
+    ]
+    for key, label in names.items():
+        if row := cpu.get(key):
+            out.append(
+                f"| {label} | {row['user_us_per_job']:.1f} | {row['system_us_per_job']:.1f} "
+                f"| {row['cpu_us_per_job']:.1f} | {row['share_of_one_core']:.0%} |"
+            )
+    if cpu.get("machine_idle_share") is not None:
+        out.append(
+            f"| the machine, all cores | | | {cpu['machine_busy_us_per_job']:.1f} "
+            f"| idle {cpu['machine_idle_share']:.0%} |"
+        )
+    out += [
+        "",
+        f"Commits of the drain's database: {cpu['commits_per_1000_jobs']:.1f} per 1,000 jobs.",
+    ]
     return out
 
 

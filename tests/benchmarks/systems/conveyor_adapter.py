@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import bench_common
+import cpu_window
 import limit_cycle
 from bench_common import Run, stop, tail, timed
 from djsystems import DjangoAdapter
@@ -317,7 +318,7 @@ def workload_limit(run: Run) -> dict[str, Any]:
 
 
 def workload_profile(run: Run) -> dict[str, Any]:
-    """One worker process drains n jobs; py-spy samples it between 5% and 95%."""
+    """One worker process drains n jobs: CPU per job from 5% to 35%, py-spy from 40% to 95%."""
     p = run.params
     a: ConveyorAdapter = run.adapter  # type: ignore[assignment]
     n = int(p["jobs"])
@@ -347,6 +348,14 @@ def workload_profile(run: Run) -> dict[str, Any]:
             if time.monotonic() > deadline or procs[0].poll() is not None:
                 raise RuntimeError(f"worker did not start draining: {tail(run.log)}")
             time.sleep(0.02)
+        # Unprofiled first (5% to 35%): CPU time of the worker and the server per job.
+        cpu0, k0, s0 = cpu_window.snapshot(a.sql, pid), run.reader.count(), time.time()
+        while run.reader.count() < n * 0.35 and procs[0].poll() is None:
+            time.sleep(0.02)
+        cpu1, k1, s1 = cpu_window.snapshot(a.sql, pid), run.reader.count(), time.time()
+        cpu = cpu_window.per_job(cpu0, cpu1, k1 - k0, s1 - s0)
+        while run.reader.count() < n * 0.4 and procs[0].poll() is None:
+            time.sleep(0.02)
         spies = {}
         for key, cmd in commands.items():
             with open(files[key] + ".log", "w") as err:
@@ -371,6 +380,7 @@ def workload_profile(run: Run) -> dict[str, Any]:
             "profiled_jobs": c1 - c0,
             "profiled_s": t1 - t0,
             "profiled_jobs_per_s": (c1 - c0) / (t1 - t0),
+            "unprofiled": {**cpu, "jobs_per_s": (k1 - k0) / (s1 - s0)},
             "rate_hz": {"gil": rate, "wall": max(rate // 2, 50)},
             "files": files,
             "commands": {k: " ".join(v) for k, v in commands.items()},
