@@ -2,8 +2,8 @@
 
 One `logging.Handler` on the root logger (`install`, by the worker) sends
 each record to the attempt whose handler runs in the record's context: a
-context variable holds that attempt's buffer while the executor calls the
-handler (`attempt_log`). asgiref's async_to_sync copies the context into an
+context variable holds that attempt while the executor calls the handler
+(`attempt_log`), and its buffer is made at the first record kept. asgiref's async_to_sync copies the context into an
 async handler's event loop, and asyncio copies it into the tasks the handler
 starts, so their records count too; a thread the handler starts with
 `threading.Thread` has a context of its own, and another slot's records go
@@ -20,8 +20,6 @@ from __future__ import annotations
 import contextvars
 import logging
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
 
@@ -30,9 +28,9 @@ from ..serialization import storable_text
 MAX_LOG_BYTES = 64 * 1024  # Of message text per attempt; the rest is counted.
 MAX_RECORD_CHARS = 8 * 1024  # One record's message (with its traceback).
 
-_current: contextvars.ContextVar[AttemptLog | None] = contextvars.ContextVar(
-    "conveyor_attempt_log", default=None
-)
+# The attempt (an object with `log` and `lease`) whose handler runs in this context.
+_current: contextvars.ContextVar[Any] = contextvars.ContextVar("conveyor_attempt", default=None)
+_making = threading.Lock()  # Two threads of one attempt's context make one buffer.
 
 
 class AttemptLog:
@@ -79,9 +77,15 @@ class Capture(logging.Handler):
         last_resort = logging.lastResort
         if last_resort is not None and record.levelno >= last_resort.level and self._alone(record):
             last_resort.handle(record)
-        log = _current.get()
-        if log is None or record.levelno < self.capture_level:
+        held = _current.get()
+        if held is None or record.levelno < self.capture_level:
             return
+        log = held.log
+        if log is None:
+            with _making:
+                log = held.log
+                if log is None:
+                    log = held.log = AttemptLog()
         try:
             message = self.format(record)
         except Exception:  # A record whose arguments do not format: never the handler's fault.
@@ -127,18 +131,26 @@ def uninstall() -> None:
         _installed = None
 
 
-@contextmanager
-def attempt_log(held: Any) -> Iterator[None]:
-    """Records emitted in this context belong to `held`'s attempt while the block runs."""
-    if _installed is None:
-        yield
-        return
-    log = held.log = AttemptLog()
-    token = _current.set(log)
-    try:
-        yield
-    finally:
-        _current.reset(token)
+class attempt_log:  # noqa: N801 - used as a context manager, like contextlib's
+    """Records emitted in this context belong to `held`'s attempt while the block runs.
+
+    A class, not a generator: it runs once per attempt on the hot path.
+    """
+
+    __slots__ = ("held", "token")
+
+    def __init__(self, held: Any) -> None:
+        self.held = held
+        self.token: contextvars.Token[Any] | None = None
+
+    def __enter__(self) -> None:
+        if _installed is not None:
+            self.held.log = None  # A buffer from an earlier run of the same object.
+            self.token = _current.set(self.held)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.token is not None:
+            _current.reset(self.token)
 
 
 def row(held: Any) -> dict[str, Any] | None:

@@ -37,7 +37,7 @@ from .claims import Claimer, ClaimStep
 from .config import WorkerConfig, WorkerOptions
 from .connections import READ_ONLY, Listener, LoopConnection, is_read_only, one_line
 from .handlers.reporting import Reporter
-from .handlers.slots import SlotPool
+from .handlers.slots import STALL_SECONDS, SlotPool
 from .holdings import Holdings
 from .instrument import Counters, log_job
 from .preflight import BURST_GIVE_UP_SECONDS, first_line
@@ -303,7 +303,9 @@ class Worker:
 
     def one_pass(self) -> int:
         """Run the services that are due, then one cycle; returns how many jobs it claimed."""
-        self.timetable.run_due(self.connection.get(), Now.read())
+        now = Now.read()
+        self.slots.keep_up(now.monotonic)  # A slot stuck in a short job: wake another.
+        self.timetable.run_due(self.connection.get(), now)
         if self.instrument:
             self.instrument.leases_counted(
                 held=len(self.holdings.held), in_flight=self.slots.running()
@@ -396,7 +398,9 @@ class Worker:
         return self.holdings.idle() and not self.slots.running()
 
     def sleep_seconds(self) -> float:
-        """Until the poll interval passes or the next service is due."""
-        return min(
+        """Until the poll interval passes or the next service is due (or, while jobs
+        wait for a slot, a stalled slot should be replaced: slots.STALL_SECONDS)."""
+        seconds = min(
             self.config.poll_seconds, max(self.timetable.earliest_due() - time.monotonic(), 0.0)
         )
+        return min(seconds, STALL_SECONDS) if self.slots.waiting() else seconds

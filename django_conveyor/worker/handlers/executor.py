@@ -7,6 +7,7 @@ which the control loop writes through the protocol, guarded by the token.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 from collections.abc import Callable
@@ -32,6 +33,8 @@ from ..connections import is_read_only
 from ..instrument import log_job
 
 logger = logging.getLogger(__name__)
+
+_PLAIN_CALL = Task.call
 
 
 def running_result(task: Task, attempt: Attempt) -> ConveyorTaskResult:
@@ -59,6 +62,10 @@ def running_result(task: Task, attempt: Attempt) -> ConveyorTaskResult:
     )
 
 
+# Once per function, not per attempt: inspect's test unwraps partials and methods.
+_is_coroutine = functools.lru_cache(maxsize=1024)(iscoroutinefunction)
+
+
 def call(task: Task, attempt: Attempt, result: ConveyorTaskResult | None) -> Any:
     lease = attempt.lease
     args = (
@@ -66,8 +73,11 @@ def call(task: Task, attempt: Attempt, result: ConveyorTaskResult | None) -> Any
         if task.takes_context
         else lease.args
     )
-    if iscoroutinefunction(task.func):
-        return async_to_sync(cancellable(task.func, attempt))(*args, **lease.kwargs)
+    func = task.func
+    if _is_coroutine(func):
+        return async_to_sync(cancellable(func, attempt))(*args, **lease.kwargs)
+    if type(task).call is _PLAIN_CALL:  # What Task.call does with a plain function.
+        return func(*args, **lease.kwargs)
     return task.call(*args, **lease.kwargs)
 
 

@@ -1,35 +1,46 @@
 """The handler slots of one worker process: threads that only run handlers.
 
-The control loop hands claimed jobs to the pool; each slot takes work from
-one shared queue, runs it through the executor and reports each outcome
-back. The pool also measures how long handlers take, which sizes the
-worker's claim-ahead buffer.
+The control loop hands claimed jobs to the pool's one queue; an awake slot
+takes the next job, runs it through the executor and reports its outcome.
+The pool also measures how long handlers take, which sizes the worker's
+claim-ahead buffer.
 
-Short jobs are handed over in batches: while the average handler takes
-less than BATCH_BELOW_SECONDS, a slot takes up to MAX_BATCH jobs at once
-(its share of the queue), so that a thread is woken once per batch rather
-than once per job; each job of the batch still starts, times out and
-reports on its own. Jobs a slot has taken and not started still count as
-waiting, and are handed back at shutdown as the queue's are. Longer jobs
-go one at a time, so they spread over the slots.
+Slots are woken by need, not by count. Python runs one thread at a time, so
+ten threads woken for a queue of short jobs only take turns at the GIL (a
+hand-over at each system call a handler makes, each costing more than a
+short job) and finish no sooner than one would. So while the average
+handler takes less than SHORT_JOB_SECONDS, the pool keeps one slot awake
+per QUEUE_BUDGET_SECONDS of queued work, counted in the handlers' wall
+time: jobs that wait on the network or the database get more slots than
+jobs that only compute. A slot that finds more slots awake than the queue
+needs goes back to sleep. Should every awake slot be inside one handler for
+STALL_SECONDS while jobs wait (a short job that turned out long), `keep_up`,
+which the control loop calls every pass, wakes one more. Longer jobs each
+get a slot of their own, as many as there are slots.
+
+Taking a job needs no lock: the queue is a deque, whose `popleft` hands each
+job to one thread. The lock guards only who sleeps, who is abandoned and
+whether the pool stops; a slot sleeps on a gate of its own (a lock that
+`_wake` releases), so waking one slot wakes that one only.
 
 Python cannot stop a thread. When the loop gives up on a handler that is
 still running (its timeout passed), the pool abandons its slot: the thread
-no longer counts as running, a new thread takes the slot (and the jobs the
-old one had taken and not started), and the old one ends when its handler
-returns, if ever. While MAX_ABANDONED such threads are still stuck, a stuck
-handler keeps its slot instead. A thread still inside a handler never keeps
-the process alive: the command exits without waiting for it (`in_handlers`).
+no longer counts as running, a new thread takes the slot, and the old one
+ends when its handler returns, if ever. While MAX_ABANDONED such threads are
+still stuck, a stuck handler keeps its slot instead. A thread still inside a
+handler never keeps the process alive: the command exits without waiting for
+it (`in_handlers`).
 """
 
 from __future__ import annotations
 
 import collections
 import itertools
+import math
 import threading
 import time
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from django.db import connections
 
@@ -38,28 +49,30 @@ from . import executor
 
 DURATION_SMOOTHING = 0.1  # Weight of the newest duration in the moving average.
 MAX_ABANDONED = 64  # Abandoned threads still stuck, at most; past that, no new slot.
-MAX_BATCH = 16  # Jobs a slot takes at once, at most.
-BATCH_BELOW_SECONDS = 0.001  # Batches only while the average handler is shorter.
+SHORT_JOB_SECONDS = 0.001  # Below this average handler time, slots are woken by queued work.
+QUEUE_BUDGET_SECONDS = 0.02  # Queued short work (wall time) per awake slot.
+STALL_SECONDS = 0.01  # Every awake slot this long in one handler while jobs wait: wake one more.
 
 
 @dataclass(slots=True, eq=False)
 class Slot:
+    gate: threading.Lock  # Held while the slot sleeps on it; `_wake` releases it.
     attempt: Attempt | None = None  # The job its handler runs now.
     abandoned: bool = False  # Given up on: it ends when its handler returns.
-    taken: collections.deque[Attempt] = field(default_factory=collections.deque)
+    asleep: bool = False
 
 
 class SlotPool:
     def __init__(self, size: int, on_outcome: Callable[[Outcome], None]) -> None:
         self.size = size
         self.on_outcome = on_outcome
-        self.lock = threading.Lock()  # Guards everything below but avg_duration.
-        self.work = threading.Condition(self.lock)  # Jobs queued, or a stop.
-        self.ready: collections.deque[Attempt] = collections.deque()
-        self.stops = 0  # Slots asked to end once the queue is empty.
-        self.busy = 0  # Slots (not abandoned) running a handler.
+        self.lock = threading.Lock()  # Guards slots, sleeping, live, abandoned, stopping.
+        self.ready: collections.deque[Attempt] = collections.deque()  # Not started yet.
         self.slots: list[Slot] = []
+        self.sleeping: list[Slot] = []  # Asleep on their gates, the latest last.
+        self.live = 0  # Slots not abandoned.
         self.abandoned = 0  # Threads given up on that are still inside their handler.
+        self.stopping = False  # Slots end once the queue is empty.
         self.avg_duration: float | None = None  # Seconds, a moving average.
         self.names = itertools.count()
 
@@ -67,39 +80,82 @@ class SlotPool:
         for _ in range(self.size):
             self.add_slot()
 
-    def add_slot(self, taken: Iterable[Attempt] = ()) -> None:
-        slot = Slot(taken=collections.deque(taken))
+    def add_slot(self) -> None:
+        gate = threading.Lock()
+        gate.acquire()  # A slot that sleeps blocks here until woken.
+        slot = Slot(gate)
         with self.lock:
             self.slots.append(slot)
+            self.live += 1
         name = f"conveyor-slot-{next(self.names)}"
         threading.Thread(target=self.run_slot, args=(slot,), name=name, daemon=True).start()
 
     def stop(self) -> None:
         """Let each slot finish its current job and end (handlers are not interrupted)."""
-        with self.work:
-            self.stops += sum(not slot.abandoned for slot in self.slots)
-            self.work.notify_all()
+        with self.lock:
+            self.stopping = True
+            self._wake(len(self.sleeping))
 
     def submit(self, attempts: list[Attempt]) -> None:
         if not attempts:
             return
-        with self.work:
-            self.ready.extend(attempts)
-            self.work.notify(len(attempts))
+        self.ready.extend(attempts)
+        with self.lock:
+            self._wake(self.wanted() - (0 if self.long_jobs() else self.awake()))
+
+    def long_jobs(self) -> bool:
+        average = self.avg_duration
+        return average is None or average >= SHORT_JOB_SECONDS
+
+    def wanted(self) -> int:
+        """Slots the queued jobs need awake: one per job when jobs are long, else
+        one per QUEUE_BUDGET_SECONDS of queued work (at least one while any waits)."""
+        queued = len(self.ready)
+        if self.long_jobs() or not queued:
+            return queued
+        work = queued * (self.avg_duration or 0.0)
+        return min(queued, max(1, math.ceil(work / QUEUE_BUDGET_SECONDS)))
+
+    def awake(self) -> int:
+        return self.live - len(self.sleeping)
+
+    def _wake(self, count: int) -> None:
+        """Under the lock: wake up to `count` sleeping slots."""
+        sleeping = self.sleeping
+        for _ in range(min(count, len(sleeping))):
+            slot = sleeping.pop()
+            slot.asleep = False
+            slot.gate.release()
+
+    def keep_up(self, now: float) -> None:
+        """Wake one more slot when jobs wait and every awake slot is stuck in a handler.
+
+        `now` is time.monotonic(). Called by the control loop every pass;
+        long jobs were each given a slot on submit, so only short ones stall.
+        """
+        if not self.ready or not self.sleeping or self.long_jobs():
+            return
+        for slot in list(self.slots):
+            if slot.abandoned or slot.asleep:
+                continue
+            attempt = slot.attempt
+            if attempt is None or attempt.started_at is None:
+                return  # Between jobs: it takes the next one.
+            if now - attempt.started_at < STALL_SECONDS:
+                return
+        with self.lock:
+            self._wake(1)
 
     def waiting(self) -> int:
-        """Jobs no slot has started: queued, or taken by a slot for its batch."""
-        with self.lock:
-            return len(self.ready) + sum(len(slot.taken) for slot in self.slots)
+        """Jobs no slot has started."""
+        return len(self.ready)
 
     def running(self) -> int:
-        with self.lock:
-            return self.busy
+        return sum(1 for s in list(self.slots) if s.attempt is not None and not s.abandoned)
 
     def in_handlers(self) -> int:
         """Threads inside a handler now, abandoned ones included."""
-        with self.lock:
-            return sum(slot.attempt is not None for slot in self.slots)
+        return sum(1 for s in list(self.slots) if s.attempt is not None)
 
     def abandon(self, attempt: Attempt) -> bool:
         """The loop gave up on this running handler: a new thread takes its slot."""
@@ -109,73 +165,77 @@ class SlotPool:
                 return False
             slot.abandoned = True
             self.abandoned += 1
-            self.busy -= 1
-            taken, slot.taken = slot.taken, collections.deque()
-        self.add_slot(taken)  # The batch it had not started goes to its successor.
+            self.live -= 1
+        self.add_slot()
         return True
 
     def take_waiting(self) -> list[Attempt]:
         """Remove and return every job that no slot has started."""
+        taken: list[Attempt] = []
+        ready = self.ready
+        while True:
+            try:
+                taken.append(ready.popleft())  # One at a time: a slot may take one meanwhile.
+            except IndexError:
+                return taken
+
+    def rest(self, slot: Slot, *, surplus: bool) -> bool:
+        """Sleep unless there is work for this slot; False: the slot ends.
+
+        `surplus`: the slot has jobs to take but may be one too many awake.
+        Decided under the lock, so that the last slot the queue needs stays.
+        """
         with self.lock:
-            taken = list(self.ready)
-            self.ready.clear()
-            for slot in self.slots:
-                taken += slot.taken
-                slot.taken.clear()
-        return taken
-
-    def next_attempt(self, slot: Slot) -> Attempt | None:
-        """The slot's next job: from its batch, else a new batch (waiting for one); None: end."""
-        with self.work:
-            while not slot.taken:
-                if slot.abandoned:
-                    return None
-                if self.ready:
-                    slot.taken.extend(self.ready.popleft() for _ in range(self.batch_size()))
-                    break
-                if self.stops:
-                    self.stops -= 1
-                    return None
-                self.work.wait()
-            attempt = slot.taken.popleft()
-            self.busy += 1
-            slot.attempt = attempt
-            return attempt
-
-    def batch_size(self) -> int:
-        """Under the lock: this slot's share of the queue, if jobs are short."""
-        average = self.avg_duration
-        if average is None or average >= BATCH_BELOW_SECONDS:
-            return 1
-        live = max(1, sum(not slot.abandoned for slot in self.slots))
-        return max(1, min(MAX_BATCH, len(self.ready) // live, len(self.ready)))
+            if slot.abandoned:
+                return False
+            if self.ready:
+                if not surplus or self.awake() <= self.wanted():
+                    return True
+            elif self.stopping:
+                return False
+            slot.asleep = True
+            self.sleeping.append(slot)
+        slot.gate.acquire()
+        return not slot.abandoned
 
     def run_slot(self, slot: Slot) -> None:
-        while (attempt := self.next_attempt(slot)) is not None:
+        ready = self.ready
+        while True:
+            try:
+                attempt = ready.popleft()
+            except IndexError:
+                if self.rest(slot, surplus=False):
+                    continue
+                break
             if attempt.lost:  # Handed back (or lost) before it started.
-                self.finish(slot)
                 continue
+            slot.attempt = attempt
             attempt.started_at = time.monotonic()  # The executor sets attempt.timeout.
             try:
                 outcome = executor.execute(attempt)
                 executor.connection_hygiene()
             finally:
                 attempt.finished_at = time.monotonic()
-                self.finish(slot)
-            if not slot.abandoned:
-                self.observe(attempt.finished_at - attempt.started_at)
-            self.on_outcome(outcome)  # Stale if abandoned: logged, counted, not written.
+                slot.attempt = None
+            if slot.abandoned:
+                self.on_outcome(outcome)  # Stale: logged, counted, not written.
+                break
+            self.observe(attempt.finished_at - attempt.started_at)
+            self.on_outcome(outcome)
+            if (
+                ready
+                and not self.long_jobs()
+                and self.awake() > self.wanted()
+                and not self.rest(slot, surplus=True)
+            ):
+                break
         with self.lock:
             self.slots.remove(slot)
             if slot.abandoned:
                 self.abandoned -= 1
+            else:
+                self.live -= 1
         connections.close_all()  # This thread's handler connections.
-
-    def finish(self, slot: Slot) -> None:
-        with self.lock:
-            slot.attempt = None
-            if not slot.abandoned:
-                self.busy -= 1
 
     def observe(self, seconds: float) -> None:
         previous = self.avg_duration
