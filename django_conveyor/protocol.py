@@ -60,9 +60,9 @@ own attempts, while the jobs reaped with it complete.
 Workflows. A job with dependencies (`conveyor_dependency`) is `blocked`
 while `pending_dependencies`, the count of dependencies not yet satisfied,
 is above 0; it is decremented, never recounted, in the transaction that
-satisfies one (O(1) per completed dependency). UNBLOCK runs inside
-`complete()` for the ids the fenced COMPLETE really wrote, so a refused
-(zombie) completion unblocks nothing. CANCEL_DEPENDENTS runs inside every
+satisfies one (O(1) per completed dependency). UNBLOCK's update is part
+of COMPLETE's statement, for the ids the fenced COMPLETE really wrote, so a
+refused (zombie) completion unblocks nothing. CANCEL_DEPENDENTS runs inside every
 function that makes a job failed, dead or cancelled (`retry`, `fail`,
 `reap`, `cancel`, `cancel_held`): a blocked dependent with policy
 `cancel` becomes `cancelled` with a `DependencyFailed` error naming the
@@ -199,6 +199,45 @@ def _armed_deadline(row: str, satisfied: str, otherwise: str) -> str:
         f"CASE WHEN {row}.gate IS NOT NULL AND {satisfied} THEN {_gate_deadline(row)} "
         f"ELSE {otherwise} END"
     )
+
+
+def _dependents_of(ids: str) -> str:
+    """The `hits` and `locked` CTEs: the blocked dependents of the jobs `ids` (SQL that
+    gives ids: a parameter, or a CTE of the same statement).
+
+    Dependents are locked in id order (two batches completing dependencies of
+    the same jobs never deadlock) and re-checked as blocked under the lock.
+    """
+    return f"""hits AS (
+    SELECT d.job_id, count(*) AS n, min(d.depends_on_id) AS first
+    FROM conveyor_dependency AS d
+    WHERE d.depends_on_id {ids}
+    GROUP BY d.job_id
+), locked AS (
+    SELECT j.id, hits.n, hits.first
+    FROM conveyor_job AS j JOIN hits ON j.id = hits.job_id
+    WHERE j.state = 'blocked'
+    ORDER BY j.id
+    FOR UPDATE OF j
+)"""
+
+
+_NOTIFY_AVAILABLE = """CASE WHEN %(notify)s AND j.state = 'available' AND j.run_after <= now()
+            THEN pg_notify(%(channel)s, j.queue) END"""
+
+
+def _unblocked() -> str:
+    """UNBLOCK's update of the `locked` dependents: a fragment that UNBLOCK and
+    COMPLETE both end with (the actions are theirs)."""
+    return f"""UPDATE conveyor_job AS j
+SET pending_dependencies = j.pending_dependencies - locked.n,
+    state = {_waits_or_runs("j", "j.pending_dependencies - locked.n > 0")},
+    run_after = CASE WHEN j.pending_dependencies - locked.n > 0 THEN j.run_after
+                     ELSE greatest(j.run_after, now()) END,
+    gate_deadline = {_armed_deadline("j", "j.pending_dependencies - locked.n <= 0", "NULL")}
+FROM locked
+WHERE j.id = locked.id
+RETURNING j.id, j.state, {_NOTIFY_AVAILABLE}"""
 
 
 # -- Enqueue: new jobs, in the caller's transaction ------------------------------------------------
@@ -1338,15 +1377,24 @@ def _renew(
 
 # A cancel request refuses the completion: the job was answered "will end
 # cancelled", so it must not end completed (its holder writes CANCEL_HELD).
+# UNBLOCK is part of the statement (one round trip): it counts the jobs
+# `done` really wrote off their blocked dependents, which are other rows
+# (blocked, never running), locked after the completed ones as before. Data-
+# modifying CTEs run to completion whether or not the outer query reads them.
 COMPLETE = f"""
-UPDATE conveyor_job AS j
-SET state = 'completed', return_value = h.return_value, finished_at = now(),
-    lease_expires_at = NULL, isolated = false
-{_HELD}, return_value jsonb)
-WHERE j.id = h.id AND j.state = 'running'
-  AND j.lease_owner = %(owner)s AND j.lease_version = h.version
-  AND j.cancel_requested_at IS NULL
-RETURNING j.id
+WITH done AS (
+    UPDATE conveyor_job AS j
+    SET state = 'completed', return_value = h.return_value, finished_at = now(),
+        lease_expires_at = NULL, isolated = false
+    {_HELD}, return_value jsonb)
+    WHERE j.id = h.id AND j.state = 'running'
+      AND j.lease_owner = %(owner)s AND j.lease_version = h.version
+      AND j.cancel_requested_at IS NULL
+    RETURNING j.id
+), {_dependents_of("IN (SELECT id FROM done)")}, unblocked AS (
+{_unblocked()}
+)
+SELECT id FROM done
 """
 
 
@@ -1358,14 +1406,18 @@ def complete(
     Guard: state running, owner and version (the token), and no cancel
     request. Zero rows for a job means the lease was lost, or an operator
     asked to cancel it: its holder then writes CANCEL_HELD (`cancel_held`),
-    in the same transaction. Their dependents are unblocked in the same
-    transaction (UNBLOCK), only for the ids written: a refused completion
-    unblocks nothing.
+    in the same transaction. Their dependents are unblocked by the same
+    statement (UNBLOCK's update), only for the ids written: a refused
+    completion unblocks nothing.
     """
     held = [{"id": i, "version": v, "return_value": r} for i, v, r in done]
-    written = _guarded(cursor, COMPLETE, owner, held)
-    unblock(cursor, ids=written, notify=notify)
-    return written
+    if not held:
+        return set()
+    cursor.execute(
+        COMPLETE,
+        {"held": _json(held), "owner": owner, "notify": notify, "channel": NOTIFY_CHANNEL},
+    )
+    return {row[0] for row in cursor.fetchall()}
 
 
 RECORD_RESULT = f"""
@@ -1934,37 +1986,11 @@ def request_cancel(cursor: Cursor, *, ids: Sequence[int], actor: str = DEFAULT_A
 # -- Workflows: dependents settled in the transaction of their dependency's end --------------------
 
 
-# Dependents are locked in id order (two batches completing dependencies of
-# the same jobs never deadlock) and re-checked as blocked under the lock.
-_DEPENDENTS_OF = """
-WITH hits AS (
-    SELECT d.job_id, count(*) AS n, min(d.depends_on_id) AS first
-    FROM conveyor_dependency AS d
-    WHERE d.depends_on_id = ANY(%(ids)s)
-    GROUP BY d.job_id
-), locked AS (
-    SELECT j.id, hits.n, hits.first
-    FROM conveyor_job AS j JOIN hits ON j.id = hits.job_id
-    WHERE j.state = 'blocked'
-    ORDER BY j.id
-    FOR UPDATE OF j
-)"""
-
-
-_NOTIFY_AVAILABLE = """CASE WHEN %(notify)s AND j.state = 'available' AND j.run_after <= now()
-            THEN pg_notify(%(channel)s, j.queue) END"""
+_DEPENDENTS_OF = f"WITH {_dependents_of('= ANY(%(ids)s)')}"
 
 
 UNBLOCK = f"""{_DEPENDENTS_OF}
-UPDATE conveyor_job AS j
-SET pending_dependencies = j.pending_dependencies - locked.n,
-    state = {_waits_or_runs("j", "j.pending_dependencies - locked.n > 0")},
-    run_after = CASE WHEN j.pending_dependencies - locked.n > 0 THEN j.run_after
-                     ELSE greatest(j.run_after, now()) END,
-    gate_deadline = {_armed_deadline("j", "j.pending_dependencies - locked.n <= 0", "NULL")}
-FROM locked
-WHERE j.id = locked.id
-RETURNING j.id, j.state, {_NOTIFY_AVAILABLE}
+{_unblocked()}
 """
 
 

@@ -4,6 +4,7 @@ Each runs inside the protocol function that owns its transaction (COMPLETE,
 FAIL, RETRY, REAP, CANCEL, CANCEL_HELD, REQUEUE), against the real database.
 """
 
+import psycopg
 import pytest
 
 from django_conveyor import protocol
@@ -13,6 +14,8 @@ from django_conveyor.exceptions import (
     TooManyDependencies,
 )
 from django_conveyor.models import Dependency, Job
+from django_conveyor.worker.connections import connect
+from tests.helpers import direct_dsn
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -132,6 +135,30 @@ class TestUnblock:
         assert lease.id == a
         assert protocol.complete(cur, owner=OWNER, done=[(a, version, None)]) == set()
         assert (state(b), pending(b)) == ("blocked", 1)
+
+    def test_one_completion_of_two_dependencies_counts_both(self, cur):
+        a, b = new(cur), new(cur)
+        c = new(cur, a, b)
+        leases = protocol.claim(cur, owner=OWNER, queues=["default"], limit=2, lease_seconds=30)
+        assert {lease.id for lease in leases} == {a, b}
+        done = [(lease.id, lease.version, None) for lease in leases]
+        assert protocol.complete(cur, owner=OWNER, done=done) == {a, b}
+        assert (state(c), pending(c)) == ("available", 0)
+
+    def test_a_dependent_made_available_wakes_its_queue_on_commit(self):
+        # LISTEN on a direct connection: a pooler in transaction mode loses it.
+        dsn = direct_dsn()
+        listening = psycopg.connect(dsn, autocommit=True) if dsn else connect("default")
+        with listening as listener:
+            listener.execute(f"LISTEN {protocol.NOTIFY_CHANNEL}")
+            with connect("default") as conn, conn.cursor() as cur:
+                a = new(cur)
+                new(cur, a)
+                with conn.transaction():
+                    finish(cur, a)
+                    assert not list(listener.notifies(timeout=0.2, stop_after=1))  # Not before.
+            heard = list(listener.notifies(timeout=5, stop_after=1))
+        assert [(n.channel, n.payload) for n in heard] == [(protocol.NOTIFY_CHANNEL, "default")]
 
     def test_a_chain_unblocks_one_step_at_a_time(self, cur):
         steps = [new(cur)]

@@ -3,11 +3,12 @@
 One `logging.Handler` on the root logger (`install`, by the worker) sends
 each record to the attempt whose handler runs in the record's context: a
 context variable holds that attempt while the executor calls the handler
-(`attempt_log`), and its buffer is made at the first record kept. asgiref's async_to_sync copies the context into an
-async handler's event loop, and asyncio copies it into the tasks the handler
-starts, so their records count too; a thread the handler starts with
-`threading.Thread` has a context of its own, and another slot's records go
-to that slot's attempt: no record reaches another job's log.
+(`attempt_log`), and its buffer is made at the first record kept. asgiref's
+async_to_sync copies the context into an async handler's event loop, and
+asyncio copies it into the tasks the handler starts, so their records count
+too; a thread the handler starts with `threading.Thread` has a context of
+its own, and another slot's records go to that slot's attempt: no record
+reaches another job's log.
 
 The buffer is bounded (`MAX_LOG_BYTES` of message text, then records are
 counted, not kept); `seal()` freezes it when the outcome is decided, and the
@@ -131,7 +132,7 @@ def uninstall() -> None:
         _installed = None
 
 
-class attempt_log:  # noqa: N801 - used as a context manager, like contextlib's
+class attempt_log:
     """Records emitted in this context belong to `held`'s attempt while the block runs.
 
     A class, not a generator: it runs once per attempt on the hot path.

@@ -119,9 +119,9 @@ WRITERS: dict[str, Writer] = {
 }
 
 
-# Kinds whose writer may run more statements than its own (UNBLOCK after
-# COMPLETE, CANCEL_DEPENDENTS after an unsuccessful end, CANCEL_HELD after a
-# refused COMPLETE): they need a transaction around them, even alone.
+# Kinds whose writer may run more statements than its own (CANCEL_DEPENDENTS
+# after an unsuccessful end, CANCEL_HELD after a refused COMPLETE): they need a
+# transaction around them, even alone. (COMPLETE's UNBLOCK is in its statement.)
 SEVERAL_STATEMENTS = frozenset({COMPLETE, RETRY, FAIL, CANCEL_HELD})
 
 
