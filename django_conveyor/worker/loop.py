@@ -112,7 +112,9 @@ class Worker:
             LimitsService(self.config.queues, self.claimer.route, database=self.config.database),
             Reaper(interval=self.config.reap_seconds),
             GatesService(database=self.config.database, interval=self.config.gates_seconds),
-            Timeouts(self.holdings, abandon=self.slots.abandon),
+            Timeouts(
+                self.holdings, abandon=self.slots.abandon, running=self.slots.running_attempts
+            ),
             self.registry,
         ]
         if self.options.cron:

@@ -153,6 +153,10 @@ class SlotPool:
     def running(self) -> int:
         return sum(1 for s in list(self.slots) if s.attempt is not None and not s.abandoned)
 
+    def running_attempts(self) -> list[Attempt]:
+        """The attempts whose handlers run now (not abandoned ones)."""
+        return [s.attempt for s in list(self.slots) if s.attempt is not None and not s.abandoned]
+
     def in_handlers(self) -> int:
         """Threads inside a handler now, abandoned ones included."""
         return sum(1 for s in list(self.slots) if s.attempt is not None)

@@ -18,7 +18,7 @@ interval late).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import NamedTuple
 
 from ...protocol import Cursor
@@ -32,7 +32,7 @@ from .base import Now
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_INTERVAL_SECONDS = 0.0  # Every pass: the check is a walk over the held attempts.
+DEFAULT_INTERVAL_SECONDS = 0.0  # Every pass: the check is a walk over the running attempts.
 
 
 class TimeoutCounts(NamedTuple):
@@ -45,14 +45,21 @@ class Timeouts:
     while_draining = False  # At shutdown, leftovers are handed back instead.
 
     def __init__(
-        self, holdings: Holdings, *, abandon: Callable[[Attempt], object] | None = None
+        self,
+        holdings: Holdings,
+        *,
+        abandon: Callable[[Attempt], object] | None = None,
+        running: Callable[[], Iterable[Attempt]] | None = None,
     ) -> None:
         self.holdings = holdings
         self.abandon = abandon  # Gives the handler's slot to a new thread.
+        # The attempts whose handlers run now (the slots'): a pass then walks
+        # the slots, not a deep claim-ahead buffer. None: every held attempt.
+        self.running = running or (lambda: list(holdings.held.values()))
 
     def run_once(self, cursor: Cursor | None, now: Now) -> TimeoutCounts:
         timed_out = 0
-        for attempt in list(self.holdings.held.values()):
+        for attempt in self.running():
             if (
                 attempt.started_at is None
                 or attempt.timeout is None

@@ -26,7 +26,8 @@ HeldParams = Callable[[Sequence[Row], int], dict[str, Any]]
 def held_json(rows: Sequence[Row], version_at: int) -> dict[str, Any]:
     """COMPLETE's shipped parameter: one JSON recordset of (id, version, return_value)."""
     held = [{"id": r[0], "version": r[version_at], "return_value": None} for r in rows]
-    return {"held": json.dumps(held, separators=(",", ":"))}
+    # notify/channel: what COMPLETE's unblock of dependents needs (unused by other SQL).
+    return {"held": json.dumps(held, separators=(",", ":")), "notify": True, "channel": "conveyor"}
 
 
 @dataclass(frozen=True)
