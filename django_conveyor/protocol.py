@@ -953,9 +953,21 @@ def claim(
     Guard: available, due, in `queues`, not in a paused queue, not isolated,
     and not locked by another claimer. Zero rows means nothing is ready.
     """
+    send_claim(cursor, owner=owner, queues=queues, limit=limit, lease_seconds=lease_seconds)
+    return claimed_leases(cursor)
+
+
+def send_claim(
+    cursor: Cursor, *, owner: str, queues: Sequence[str], limit: int, lease_seconds: float
+) -> None:
+    """CLAIM, its result not read yet (a pipeline reads it later: `claimed_leases`)."""
     cursor.execute(
         CLAIM, {"queues": list(queues), "limit": limit, "owner": owner, "lease": lease_seconds}
     )
+
+
+def claimed_leases(cursor: Cursor) -> list[Lease]:
+    """The leases a claim statement returned."""
     return list(map(Lease._make, fetch_all(cursor)))
 
 
@@ -1410,13 +1422,30 @@ def complete(
     statement (UNBLOCK's update), only for the ids written: a refused
     completion unblocks nothing.
     """
+    if not send_complete(cursor, owner=owner, done=done, notify=notify):
+        return set()
+    return written_ids(cursor)
+
+
+def send_complete(
+    cursor: Cursor, *, owner: str, done: Iterable[tuple[int, int, Any]], notify: bool = True
+) -> bool:
+    """COMPLETE, its result not read yet (a pipeline reads it later: `written_ids`).
+
+    False: nothing to complete, nothing sent.
+    """
     held = [{"id": i, "version": v, "return_value": r} for i, v, r in done]
     if not held:
-        return set()
+        return False
     cursor.execute(
         COMPLETE,
         {"held": _json(held), "owner": owner, "notify": notify, "channel": NOTIFY_CHANNEL},
     )
+    return True
+
+
+def written_ids(cursor: Cursor) -> set[int]:
+    """The ids a fenced write returned: those the fence let through."""
     return {row[0] for row in cursor.fetchall()}
 
 

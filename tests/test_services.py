@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from django_conveyor import protocol
 from django_conveyor.models import Dependency, Job
-from django_conveyor.worker import attempts
+from django_conveyor.worker import attempts, claims
 from django_conveyor.worker.attempts import Attempt, Outcome
 from django_conveyor.worker.claims import Claimer
 from django_conveyor.worker.connections import connect
@@ -84,9 +84,10 @@ def row(held: Attempt) -> Job:
 def cycle(conn, holdings) -> None:
     """What the worker's cycle does with the outcomes (without claiming)."""
     holdings.collect()
+    batch = holdings.take_pending()
     with conn.transaction(), conn.cursor() as cur:
-        written = holdings.write(cur)
-    holdings.settle(written)
+        written = holdings.write(cur, batch)
+    holdings.settle(batch, written)
 
 
 class TestHeartbeat:
@@ -334,10 +335,11 @@ class TestClaimer:
         assert claimer.prefetch(1e-9) == 1024  # Capped.
         assert claimer.prefetch(5.0) == 0  # Long jobs are not hoarded.
         # What the slots' queue holds, listed as may-start: the part a crash implicates.
+        # The adaptive buffer fits in it; only a fixed deeper one keeps a reserve.
         assert claimer.start_window(0.01) == 40
-        assert claimer.start_window(0.001) == 256
-        assert claimer.start_window(1e-9) == 256
-        assert self.claimer(prefetch=1000).start_window(None) == 256
+        assert claimer.start_window(0.001) == 400
+        assert claimer.start_window(1e-9) == 1024
+        assert self.claimer(prefetch=4000).start_window(None) == 1024
         assert self.claimer(prefetch=2).start_window(None) == 2
 
     def test_a_fixed_buffer_and_the_room_left(self):
@@ -366,6 +368,24 @@ class TestClaimer:
         # Due but jobs wait in the buffer: let it run empty first.
         [claim] = claimer.plan(running=1, waiting=1, avg_duration=0.001, now=T)
         assert claim.limit == 2
+
+    def test_short_isolated_jobs_run_back_to_back_alone(self):
+        claimer = self.claimer(prefetch=2)
+        short = claims.SHORT_SECONDS / 10
+        # Due, and jobs are short: the isolated job is claimed with nothing beside it.
+        isolated, claim = claimer.plan(running=0, waiting=0, avg_duration=short, now=T)
+        assert isolated.statement is protocol.claim_isolated
+        assert claim.limit_alone == 0
+        # While it is young (or has not started), nothing is claimed: it ends alone,
+        # and the next cycle looks for the next isolated job.
+        assert claimer.plan(running=1, waiting=0, avg_duration=short, holds_isolated=True,
+                            now=T, isolated_since=None) == []  # fmt: skip
+        assert claimer.plan(running=1, waiting=0, avg_duration=short, holds_isolated=True,
+                            now=T, isolated_since=T - claims.ALONE_SECONDS / 2) == []  # fmt: skip
+        # One that runs long after all: the free slots are filled, as for long jobs.
+        [claim] = claimer.plan(running=1, waiting=0, avg_duration=short, holds_isolated=True,
+                               now=T, isolated_since=T - 2 * claims.ALONE_SECONDS)  # fmt: skip
+        assert (claim.statement, claim.limit) == (protocol.claim, 3)
 
     def test_claim_steps_against_the_database(self, conn, holdings):
         JobFactory.create_batch(3)

@@ -1,11 +1,12 @@
-"""The slot pool hands short jobs over in batches, and gives back what no slot started.
+"""The slot pool wakes slots by need, and gives back what no slot started.
 
 Real jobs, claimed with CLAIM from the test database, run by real slot
 threads through the executor; `gated` blocks its handler until the test
-opens the gate, so the test can look at the pool while a slot holds a batch.
+opens the gate, so the test can look at the pool while slots are inside it.
 """
 
 import threading
+import time
 
 import pytest
 
@@ -18,6 +19,9 @@ from tests.helpers import wait_until
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
+
+SHORT = slots.SHORT_JOB_SECONDS / 10
+LONG = slots.SHORT_JOB_SECONDS * 10
 
 
 def claimed_gated(n: int) -> list[Attempt]:
@@ -52,18 +56,24 @@ class Reported:
             return len(self.outcomes)
 
 
-def test_a_slot_takes_short_jobs_as_a_batch_and_shutdown_gets_back_the_unstarted(gate):
+def started_pool(size: int, reported: Reported, average: float) -> SlotPool:
+    pool = SlotPool(size, reported)
+    pool.avg_duration = average
+    pool.start()
+    wait_until(lambda: len(pool.sleeping) == size)  # Every slot found nothing to do.
+    return pool
+
+
+def test_one_slot_runs_a_short_queue_and_shutdown_gets_back_the_unstarted(gate):
     attempts = claimed_gated(10)
     reported = Reported()
-    pool = SlotPool(1, reported)
-    pool.avg_duration = slots.BATCH_BELOW_SECONDS / 10  # Short jobs: batches.
-    pool.start()
+    pool = started_pool(4, reported, SHORT)
     try:
         pool.submit(attempts)
         wait_until(lambda: pool.running() == 1)
-        # The one slot took all ten and runs the first: nine wait, in its batch.
+        # Ten short jobs are far less work than one slot's budget: one slot is woken.
+        assert len(pool.sleeping) == 3
         assert pool.waiting() == 9
-        assert not pool.ready
         back = pool.take_waiting()
         assert back == attempts[1:]
         assert pool.waiting() == 0
@@ -78,17 +88,29 @@ def test_a_slot_takes_short_jobs_as_a_batch_and_shutdown_gets_back_the_unstarted
     assert reported.count() == 1  # Nothing handed back was started afterwards.
 
 
-def test_long_jobs_go_one_at_a_time(gate):
+def test_queued_work_wakes_a_slot_per_budget():
+    pool = SlotPool(8, lambda outcome: None)
+    pool.avg_duration = SHORT
+    per_slot = int(slots.QUEUE_BUDGET_SECONDS / SHORT)  # Short jobs one slot gets through.
+    pool.ready.extend([object()] * (3 * per_slot))  # type: ignore[list-item]
+    assert pool.wanted() == 3
+    pool.ready.extend([object()] * (10 * per_slot))  # type: ignore[list-item]
+    assert pool.wanted() == 13  # More than the pool has: it wakes what it has.
+    pool.avg_duration = LONG
+    assert pool.wanted() == len(pool.ready)  # Long jobs: one slot each.
+    pool.ready.clear()
+    assert pool.wanted() == 0
+
+
+def test_long_jobs_each_get_a_slot(gate):
     attempts = claimed_gated(3)
     reported = Reported()
-    pool = SlotPool(1, reported)
-    pool.avg_duration = slots.BATCH_BELOW_SECONDS * 10  # Long jobs: one per take.
-    pool.start()
+    pool = started_pool(3, reported, LONG)
     try:
         pool.submit(attempts)
-        wait_until(lambda: pool.running() == 1)
-        assert len(pool.ready) == 2  # Still in the shared queue, for any slot.
-        assert pool.waiting() == 2
+        wait_until(lambda: pool.running() == 3)
+        assert pool.waiting() == 0
+        assert not pool.sleeping
     finally:
         gate.set()
         pool.stop()
@@ -98,12 +120,28 @@ def test_long_jobs_go_one_at_a_time(gate):
     )
 
 
-def test_an_abandoned_slot_leaves_its_unstarted_batch_to_the_slot_that_replaces_it(gate):
+def test_a_slot_stuck_in_a_short_job_gets_help(gate):
     attempts = claimed_gated(3)
     reported = Reported()
-    pool = SlotPool(1, reported)
-    pool.avg_duration = slots.BATCH_BELOW_SECONDS / 10
-    pool.start()
+    pool = started_pool(2, reported, SHORT)
+    try:
+        pool.submit(attempts)
+        wait_until(lambda: pool.running() == 1)
+        pool.keep_up(time.monotonic())  # Not stuck for long yet: nothing changes.
+        assert (pool.running(), pool.waiting()) == (1, 2)
+        pool.keep_up(time.monotonic() + slots.STALL_SECONDS)
+        wait_until(lambda: pool.running() == 2)  # The second slot took the next job.
+        assert pool.waiting() == 1
+    finally:
+        gate.set()
+        pool.stop()
+    wait_until(lambda: reported.count() == 3)
+
+
+def test_an_abandoned_slot_is_replaced_and_the_queue_goes_on(gate):
+    attempts = claimed_gated(3)
+    reported = Reported()
+    pool = started_pool(1, reported, SHORT)
     try:
         pool.submit(attempts)
         wait_until(lambda: pool.running() == 1)
@@ -112,6 +150,7 @@ def test_an_abandoned_slot_leaves_its_unstarted_batch_to_the_slot_that_replaces_
         # The new slot starts the second job; the abandoned thread is still inside the first.
         wait_until(lambda: pool.running() == 1 and pool.waiting() == 1)
         assert pool.in_handlers() == 2
+        assert pool.running_attempts() == [attempts[1]]
         gate.set()
         wait_until(lambda: reported.count() == 3)
     finally:
@@ -124,10 +163,8 @@ def test_an_abandoned_slot_leaves_its_unstarted_batch_to_the_slot_that_replaces_
 def test_a_job_lost_before_it_started_is_skipped(gate):
     attempts = claimed_gated(2)
     reported = Reported()
-    pool = SlotPool(1, reported)
-    pool.avg_duration = slots.BATCH_BELOW_SECONDS / 10
     attempts[1].mark_lost("handed back")  # Before any slot took it.
-    pool.start()
+    pool = started_pool(1, reported, SHORT)
     try:
         pool.submit(attempts)
         wait_until(lambda: pool.running() == 1)

@@ -11,6 +11,7 @@ from django.utils import timezone
 from django_conveyor import protocol
 from django_conveyor.models import Job, Worker
 from django_conveyor.worker.attempts import Attempt
+from django_conveyor.worker.claims import MAX_START_WINDOW
 from django_conveyor.worker.starts import StartWindow
 from tests.factories import JobFactory
 from tests.helpers import start_logged_worker, wait_until
@@ -119,19 +120,18 @@ class TestDeclareStarts:
         assert Worker.objects.get(pk=OWNER).may_start == []
 
 
-JOBS = 600
+JOBS = 1500  # More than the start window (claims.MAX_START_WINDOW) and the slots.
 
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.slow
 def test_a_killed_worker_with_a_deep_buffer_isolates_only_what_it_could_start(procs, tmp_path, cur):
-    """A real worker claims 600 jobs ahead, starts a few, and is killed: every job a
+    """A real worker claims 1,500 jobs ahead, starts a few, and is killed: every job a
     handler started is isolated, and the jobs it never listed go back as they were."""
-    labels = {}
-    for i in range(JOBS):
-        labels[f"j{i}"] = int(tasks.started_then_sleeps.enqueue(f"j{i}", 0.5).id)
+    results = tasks.started_then_sleeps.enqueue_many([((f"j{i}", 0.5), {}) for i in range(JOBS)])
+    labels = {f"j{i}": int(result.id) for i, result in enumerate(results)}
     proc = start_logged_worker(
-        procs, tmp_path, "deep", "--concurrency", "2", "--prefetch", "1000", "--lease", "2"
+        procs, tmp_path, "deep", "--concurrency", "2", "--prefetch", "4000", "--lease", "2"
     )
     wait_until(lambda: Effect.objects.count() >= 4, timeout=60)
     os.kill(proc.pid, signal.SIGKILL)
@@ -141,14 +141,14 @@ def test_a_killed_worker_with_a_deep_buffer_isolates_only_what_it_could_start(pr
         lambda: not Job.objects.filter(state="running", lease_expires_at__gte=timezone.now()),
         timeout=30,
     )
-    reaped = protocol.reap(cur, limit=1000)
+    reaped = protocol.reap(cur, limit=JOBS)
     assert len(reaped) == JOBS - Job.objects.filter(state="completed").count()
     isolated = set(Job.objects.filter(isolated=True).values_list("id", flat=True))
     assert started - set(Job.objects.filter(state="completed").values_list("id", flat=True)) <= (
         isolated
     )  # Every started job that did not finish may have killed it: isolated.
     back = Job.objects.filter(state="available", isolated=False)
-    assert back.count() >= JOBS - 2 - 256 - 16  # Slots, the listed window, a slot's batch.
+    assert back.count() >= JOBS - 2 - MAX_START_WINDOW  # Only the slots and the window.
     assert set(back.values_list("attempt", flat=True)) == {0}  # Their attempt given back.
     assert not started & set(back.values_list("id", flat=True))
 
@@ -156,16 +156,16 @@ def test_a_killed_worker_with_a_deep_buffer_isolates_only_what_it_could_start(pr
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.slow
 def test_a_worker_drains_through_its_unlisted_buffer(procs, tmp_path):
-    """3,000 no-op jobs, 2 slots, --prefetch 1000: most of the buffer waits unlisted
+    """6,000 no-op jobs, 2 slots, --prefetch 4000: most of the buffer waits unlisted
     and moves to the slots a window at a time; every job completes once, none isolated,
     and the worker's list is NULL again once nothing waits unlisted."""
-    ids = [int(tasks.noop.enqueue().id) for _ in range(3000)]
+    ids = [int(result.id) for result in tasks.noop.enqueue_many([((), {})] * 6000)]
     proc = start_logged_worker(
-        procs, tmp_path, "drain", "--burst", "--concurrency", "2", "--prefetch", "1000"
+        procs, tmp_path, "drain", "--burst", "--concurrency", "2", "--prefetch", "4000"
     )
     assert proc.wait(120) == 0
     rows = Job.objects.filter(pk__in=ids)
-    assert rows.filter(state="completed", attempt=1, isolated=False).count() == 3000
+    assert rows.filter(state="completed", attempt=1, isolated=False).count() == 6000
     log = (tmp_path / "drain.log").read_text()
     assert "Traceback" not in log and "control loop error" not in log
     assert list(Worker.objects.values_list("may_start", flat=True)) == [None]

@@ -42,8 +42,12 @@ from ..protocol import Cursor, Lease
 # 20 ms the default drained no-op jobs slower than a fixed 1,000 (docs/performance.md).
 CLAIM_AHEAD_SECONDS = 0.1
 MAX_PREFETCH = 1024  # Claimed ahead, at most (starts.py: most of it is never listed).
-MAX_START_WINDOW = 256  # Listed as may-start and queued for the slots, at most.
+MAX_START_WINDOW = 1024  # Listed as may-start and queued for the slots, at most.
 ISOLATED_LOOK_SECONDS = 1.0  # Under load, look for an isolated job at least this often.
+# While jobs are short, an isolated job runs with nothing claimed beside it for
+# this long: most end first, so the next one is claimed in the very next cycle.
+ALONE_SECONDS = 0.01
+SHORT_SECONDS = 0.001  # Jobs shorter than this on average are short.
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,9 +127,17 @@ class Claimer:
         avg_duration: float | None,
         holds_isolated: bool = False,
         now: float = 0.0,
+        isolated_since: float | None = None,
     ) -> list[ClaimStep]:
+        """The claim steps of a cycle. `isolated_since`: when the isolated job held
+        started (time.monotonic()), None if it has not (yet, or none is held)."""
         free = max(0, self.concurrency - running)
         look = now >= self.isolated_due
+        short = avg_duration is not None and avg_duration < SHORT_SECONDS
+        if holds_isolated and short and now - (isolated_since or now) < ALONE_SECONDS:
+            # Short jobs: let a young isolated job end alone, then look for the next one
+            # at once, rather than run isolated jobs one per round of free slots.
+            return []
         if holds_isolated or (look and (free == 0 or waiting)):
             # Nothing claimed ahead beside an isolated job (or about to look for one).
             alone = free - waiting
@@ -141,7 +153,7 @@ class Claimer:
             ]
         return [
             ClaimStep(protocol.claim_isolated, 1, free=1),
-            ClaimStep(protocol.claim, room, limit_alone=free - 1, free=free),
+            ClaimStep(protocol.claim, room, limit_alone=0 if short else free - 1, free=free),
         ]
 
     def claim(self, cur: Cursor, steps: list[ClaimStep], now: float = 0.0) -> list[Lease]:
@@ -160,6 +172,21 @@ class Claimer:
                 self.isolated_due = now if alone else now + ISOLATED_LOOK_SECONDS
             claimed += leases
         return claimed
+
+    def send(self, cur: Cursor, step: ClaimStep) -> None:
+        """A plain CLAIM step of the free queues, its rows not read yet (a pipelined
+        cycle reads them with `received`)."""
+        protocol.send_claim(
+            cur,
+            owner=self.owner,
+            queues=self.free_queues,
+            limit=step.limit,
+            lease_seconds=self.lease_seconds,
+        )
+
+    @staticmethod
+    def received(cur: Cursor) -> list[Lease]:
+        return protocol.claimed_leases(cur)
 
     def run(self, cur: Cursor, step: ClaimStep, limit: int) -> list[Lease]:
         """One step: CLAIM (or CLAIM_ISOLATED) for the free queues, then the limited ones."""

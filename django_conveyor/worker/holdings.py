@@ -3,10 +3,16 @@
 `Holdings` is their one owner. Jobs enter by a claim (`take`, which makes
 each claimed `Lease` an `Attempt`) and leave by a written outcome
 (`settle`); in between, at most one outcome per attempt waits in
-`pending`. Outcomes arrive two ways: a handler's, reported from its slot
+`pending`, until a cycle takes it (`take_pending`) to write; from then it is
+in flight until that cycle settles it, or hands it back (`restore`) if the
+cycle failed. Outcomes arrive two ways: a handler's, reported from its slot
 thread (`report`, then `collect` on the control loop), and the loop's own
 decisions, a timeout or a hand-back (`give_up`). Either way they are
-written by the same cycle through `outcomes.write`.
+written by a cycle through `outcomes.write`.
+
+Every method runs on the control loop's thread, but `report` (slots) and
+the writes (`write`, `write_each`, which a cycle may run on a thread of its
+own: they only read the batch they are given).
 
 A handler's outcome whose lease is no longer held (lost at a heartbeat,
 timed out, handed back) is stale: it is logged, counted and never written.
@@ -16,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import queue
+from collections import Counter
 from typing import TYPE_CHECKING
 
 from .. import readable
@@ -55,7 +62,8 @@ class Holdings:
         self.counters = counters
         self.instrument = instrument  # None: nothing listens, and nothing is called.
         self.held: dict[int, Attempt] = {}  # Job id -> its attempt, until its outcome is written.
-        self.pending: dict[int, Outcome] = {}  # Job id -> its outcome, not yet committed.
+        self.pending: dict[int, Outcome] = {}  # Job id -> its outcome, not yet sent.
+        self.in_flight: dict[int, Outcome] = {}  # Job id -> its outcome, sent by a cycle.
         # Ids of the isolated leases taken (a few at most): read every cycle,
         # so `holds_isolated` never walks a deep claim-ahead buffer.
         self.isolated_taken: set[int] = set()
@@ -119,7 +127,11 @@ class Holdings:
         it ever comes, is stale. False when the attempt already has an outcome.
         """
         job_id = attempt.lease.id
-        if job_id in self.pending or self.held.get(job_id) is not attempt:
+        if (
+            job_id in self.pending
+            or job_id in self.in_flight
+            or self.held.get(job_id) is not attempt
+        ):
             return False
         del self.held[job_id]
         attempt.mark_lost(reason)
@@ -140,62 +152,99 @@ class Holdings:
     def renewable(self) -> list[tuple[int, int]]:
         """(job id, version) of every lease a heartbeat should renew.
 
-        A job its guarded commit completed is done: nothing to renew.
+        A job its guarded commit completed is done: nothing to renew. Nor is
+        one whose outcome is on its way: a cycle on another connection may be
+        writing it right now (its row locked, then no longer running), which
+        a heartbeat must not take for a lost lease; should that cycle fail,
+        the outcome is pending again and the next beat renews the lease.
         """
+        pending, in_flight = self.pending, self.in_flight
         return [
-            (a.lease.id, a.lease.version) for a in self.held.values() if not a.completed_in_atomic
+            (job_id, a.lease.version)
+            for job_id, a in self.held.items()
+            if not a.completed_in_atomic and job_id not in pending and job_id not in in_flight
         ]
 
     def unsettled(self) -> set[int]:
         """Ids of every job held or whose outcome waits to be written: all may have started."""
-        return self.held.keys() | self.pending.keys()
+        return self.held.keys() | self.pending.keys() | self.in_flight.keys()
 
     def holds_isolated(self) -> bool:
-        """A lease from CLAIM_ISOLATED is held: nothing may be claimed ahead beside it."""
-        held = self.held
+        """A lease from CLAIM_ISOLATED is held: nothing may be claimed ahead beside it.
+
+        One whose outcome is pending does not count: the cycle that plans the
+        claim writes that outcome first, in the same transaction.
+        """
+        held, pending = self.held, self.pending
         self.isolated_taken = {
             i for i in self.isolated_taken if (a := held.get(i)) is not None and a.lease.isolated
         }
-        return bool(self.isolated_taken)
+        return any(i not in pending for i in self.isolated_taken)
 
-    def statements(self) -> int:
-        """How many statements writing `pending` may take: one per kind, two for the
-        kinds whose writer may run a second one (outcomes.SEVERAL_STATEMENTS)."""
-        kinds = {o.kind for o in self.pending.values()}
-        return len(kinds) + len(kinds & outcomes.SEVERAL_STATEMENTS)
+    def isolated_since(self) -> float | None:
+        """When the held isolated job's handler started (time.monotonic()); None: not yet."""
+        started = [
+            a.started_at
+            for i in self.isolated_taken
+            if i not in self.pending and (a := self.held.get(i)) is not None
+        ]
+        return None if not started or None in started else min(started)  # type: ignore[type-var]
 
-    def write(self, cur: Cursor) -> dict[int, str]:
-        """Write every pending outcome, fenced; call `settle` once the cycle commits."""
-        if not self.pending:
+    def take_pending(self) -> dict[int, Outcome]:
+        """The pending outcomes, for a cycle to write: in flight until `settle` or `restore`."""
+        batch = self.pending
+        self.pending = {}
+        self.in_flight.update(batch)
+        return batch
+
+    def restore(self, batch: dict[int, Outcome]) -> None:
+        """The cycle that took `batch` failed: pending again, to be written again (fenced)."""
+        for job_id in batch:
+            del self.in_flight[job_id]
+        self.pending.update(batch)
+
+    def write(self, cur: Cursor, batch: dict[int, Outcome]) -> dict[int, str]:
+        """Write a batch of outcomes, fenced; `settle` it once the cycle commits."""
+        if not batch:
             return {}
-        return outcomes.write(cur, self.owner, outcomes.by_kind(self.pending.values()))
+        return outcomes.write(cur, self.owner, outcomes.by_kind(batch.values()))
 
-    def write_each(self, cur: Cursor, savepoint: outcomes.Savepoint) -> dict[int, str]:
-        """After PostgreSQL refused the batch: every pending outcome alone (outcomes.write_each).
+    def write_each(
+        self, cur: Cursor, batch: dict[int, Outcome], savepoint: outcomes.Savepoint
+    ) -> outcomes.EachWritten:
+        """After PostgreSQL refused the batch: every outcome alone (outcomes.write_each).
 
-        A refused outcome is replaced in `pending` by the FAIL written in its
-        place, so `settle` counts and reports what was really written.
+        Changes nothing here (it may run on the cycle's own thread): the cycle
+        applies what it did with `replace_refused` once it committed.
         """
-        each = outcomes.write_each(cur, self.owner, list(self.pending.values()), savepoint)
-        self.pending.update(each.replaced)
-        for job_id in each.abandoned:  # Left to its lease: no longer held, nothing pending.
-            if self.held.get(job_id) is self.pending[job_id].attempt:
-                del self.held[job_id]
-            del self.pending[job_id]
-        self.counters.add("outcomes_refused", len(each.replaced) + len(each.abandoned))
-        return each.written
+        return outcomes.write_each(cur, self.owner, list(batch.values()), savepoint)
 
-    def settle(self, written: dict[int, str]) -> list[Outcome]:
+    def replace_refused(self, batch: dict[int, Outcome], each: outcomes.EachWritten) -> None:
+        """A refused outcome is replaced in `batch` by the FAIL written in its place, so
+        `settle` counts and reports what was really written; an abandoned one is left
+        to its lease (no longer held, nothing to settle)."""
+        batch.update(each.replaced)
+        for job_id in each.abandoned:
+            if self.held.get(job_id) is batch[job_id].attempt:
+                del self.held[job_id]
+            del batch[job_id]
+            del self.in_flight[job_id]
+        self.counters.add("outcomes_refused", len(each.replaced) + len(each.abandoned))
+
+    def settle(self, batch: dict[int, Outcome], written: dict[int, str]) -> list[Outcome]:
         """After the commit: forget the written leases, count, report what was refused.
 
-        Outcomes stay pending until the commit succeeds, so a connection lost
+        Outcomes stay in flight until the commit succeeds, so a connection lost
         mid-cycle only means the same guarded writes are sent again. Returns
         the outcomes that were written, for `task_finished` (reporting.py).
         """
         done = []
-        for job_id, outcome in self.pending.items():
-            if self.held.get(job_id) is outcome.attempt:
-                del self.held[job_id]
+        held, in_flight = self.held, self.in_flight
+        became: Counter[str] = Counter()
+        for job_id, outcome in batch.items():
+            del in_flight[job_id]
+            if held.get(job_id) is outcome.attempt:
+                del held[job_id]
             result = written.get(job_id)
             if result == "cancelled" and outcome.kind == COMPLETE:
                 # Its COMPLETE was refused for a cancel request: CANCEL_HELD was written.
@@ -204,16 +253,17 @@ class Holdings:
                 outcome = Outcome(CANCEL_HELD, outcome.attempt)
             if result is None:
                 self.refused(outcome, "stale outcome (%s) refused")
-            else:
-                outcome.became = result
+                continue
+            outcome.became = result
+            became[result] += 1
+            if outcome.kind != COMPLETE:
                 log_written(outcome)
-                done.append(outcome)
-                self.counters.add(result)
-                if self.instrument:
-                    self.instrument.outcome_written(
-                        outcome.kind, result, outcome.lease, outcome.attempt.duration
-                    )
-        self.pending.clear()
+            done.append(outcome)
+            if self.instrument:
+                self.instrument.outcome_written(
+                    outcome.kind, result, outcome.lease, outcome.attempt.duration
+                )
+        self.counters.update(became)
         return done
 
     def refused(self, outcome: Outcome, message: str) -> None:
@@ -224,4 +274,4 @@ class Holdings:
 
     def idle(self) -> bool:
         """Nothing held and nothing left to write."""
-        return not self.held and not self.pending and self.reported.empty()
+        return not self.held and not self.pending and not self.in_flight and self.reported.empty()

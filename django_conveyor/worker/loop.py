@@ -31,11 +31,12 @@ from .. import protocol
 from ..conf import conveyor_settings
 from ..observability import joblogs
 from . import outcomes
-from .attempts import RELEASE, Attempt, Outcome
+from .attempts import COMPLETE, RELEASE, Attempt, Outcome
 from .backoff import WORKER_RECONNECT_SECONDS, Ladder
-from .claims import Claimer, ClaimStep
+from .claims import Claimer
 from .config import WorkerConfig, WorkerOptions
 from .connections import READ_ONLY, Listener, LoopConnection, is_read_only, one_line
+from .cycles import Cycle, CycleResult
 from .handlers.reporting import Reporter
 from .handlers.slots import STALL_SECONDS, SlotPool
 from .holdings import Holdings
@@ -226,6 +227,9 @@ class Worker:
         failing_since: float | None = None  # time.monotonic() of the first failed pass in a row.
         while not self.stopping.is_set():
             self.wake.clear()  # Wake-ups during this pass keep the next wait short.
+            # A pass that starts holding nothing plans a claim that looks everywhere,
+            # isolated jobs included; one that settles the last job it held may not.
+            idle_before = self.options.burst and self.idle()
             try:
                 claimed = self.one_pass()
                 reconnect.reset()
@@ -253,6 +257,8 @@ class Worker:
             if claimed:
                 continue  # There may be more ready work: claim again before sleeping.
             if self.options.burst and self.idle() and not self.waits_on_limits():
+                if not idle_before:
+                    continue  # Held jobs until this pass: look everywhere once more.
                 logger.info("burst: nothing ready and nothing held, exiting")
                 break
             self.wake.wait(self.sleep_seconds())
@@ -314,8 +320,21 @@ class Worker:
             )
         return self.cycle()
 
+    # -- the cycle (cycles.py) -----------------------------------------------
+
     def cycle(self, *, claim: bool = True) -> int:
         """Write pending outcomes, claim new work and list what may start: one commit."""
+        cycle = self.prepare(claim=claim)
+        if cycle is None:
+            return 0
+        try:
+            result: CycleResult | BaseException = self.execute(cycle, self.connection.get())
+        except Exception as exc:
+            result = exc
+        return self.finish(cycle, result)
+
+    def prepare(self, *, claim: bool = True) -> Cycle | None:
+        """Take the pending outcomes and plan the claim; None: nothing to do."""
         leases = self.holdings
         leases.collect()
         now = time.monotonic()
@@ -329,14 +348,15 @@ class Worker:
                 avg_duration=self.slots.avg_duration,
                 holds_isolated=leases.holds_isolated(),
                 now=now,
+                isolated_since=leases.isolated_since(),
             )
             if claim and not self.stopping.is_set()
             else []
         )
         moving = self.starts.moving(room, window)
         if not leases.pending and not steps and not moving:
-            return 0
-        conn = self.connection.get()
+            return None
+        batch = leases.take_pending()
         # One statement is its own transaction in autocommit: skip BEGIN and
         # COMMIT round trips (an idle worker's claim is the latency path). A
         # step that runs only after a claim that found nothing needs no
@@ -344,53 +364,115 @@ class Worker:
         # turns out to need runs after the claim's commit then: until the
         # list is written, every claimed job counts as started.
         statements = (
-            leases.statements()
+            outcomes.statements(batch.values())
             + self.claimer.statements(steps)
             + (self.starts.statements() if moving else 0)
         )
+        # No list is written while it is NULL and the claim fits the slots' queue.
+        lists = moving or not self.starts.idle() or sum(step.limit for step in steps) > max(room, 0)
+        return Cycle(
+            batch=batch,
+            steps=steps,
+            now=now,
+            room=room,
+            window=window,
+            statements=statements,
+            lists=lists,
+            pipelined=(
+                statements > 1
+                and not lists
+                and not self.claimer.limited
+                and len(steps) <= 1
+                and not any(step.if_none_claimed or step.isolated for step in steps)
+                and all(outcome.kind == COMPLETE for outcome in batch.values())
+            ),
+        )
+
+    def execute(self, cycle: Cycle, conn: psycopg.Connection) -> CycleResult:
+        """Write the cycle's outcomes, claim, list what may start: one commit.
+
+        Changes nothing of the worker's but the reserve's lost front
+        (starts.py): `finish` applies the result.
+        """
+        leases = self.holdings
         try:
+            if cycle.pipelined:
+                return self.execute_pipelined(cycle, conn)
             with (
-                conn.transaction() if statements > 1 else contextlib.nullcontext(),
+                conn.transaction() if cycle.statements > 1 else contextlib.nullcontext(),
                 conn.cursor() as cur,
             ):
-                written = leases.write(cur)
-                claimed, plan = self.claim_and_list(cur, steps, now, room=room, window=window)
+                written = leases.write(cur, cycle.batch)
+                claimed, plan = self.claim_and_list(cur, cycle)
+            return CycleResult(written, claimed, plan)
         except Exception as exc:
-            self.starts.failed()
-            if not leases.pending or not outcomes.refused_value(exc) or conn.closed:
+            if not cycle.batch or not outcomes.refused_value(exc) or conn.closed:
                 raise  # The loop logs it, reconnects if need be, and tries again.
             # Rolled back, claim included. Isolate the row PostgreSQL refused:
             # each outcome in a savepoint, then the claim, in one transaction.
             logger.warning(
                 "a batch of %d outcome(s) was refused (%s); writing them one by one",
-                len(leases.pending),
+                len(cycle.batch),
                 exc,
             )
-            try:
-                with conn.transaction(), conn.cursor() as cur:
-                    written = leases.write_each(cur, conn.transaction)
-                    claimed, plan = self.claim_and_list(cur, steps, now, room=room, window=window)
-            except Exception:
+            with conn.transaction(), conn.cursor() as cur:
+                each = leases.write_each(cur, cycle.batch, conn.transaction)
+                claimed, plan = self.claim_and_list(cur, cycle)
+            return CycleResult(each.written, claimed, plan, each)
+
+    def execute_pipelined(self, cycle: Cycle, conn: psycopg.Connection) -> CycleResult:
+        """The common cycle, completions and one plain claim, in two round trips, not four.
+
+        BEGIN, COMPLETE and CLAIM go out together (psycopg's pipeline mode);
+        the completions are then read (a refused one is cancelled, and the
+        attempts' logs written, as `outcomes.write` does, in the same
+        transaction), and COMMIT goes out with whatever that needed.
+        """
+        batch = list(cycle.batch.values())
+        done_cur, claim_cur = conn.cursor(), conn.cursor()
+        with conn.pipeline() as pipe, conn.transaction():
+            sent = outcomes.send_completions(done_cur, self.worker_id, batch)
+            if cycle.steps:
+                self.claimer.send(claim_cur, cycle.steps[0])
+            pipe.sync()
+            written = outcomes.completions_written(done_cur, self.worker_id, batch) if sent else {}
+            claimed = self.claimer.received(claim_cur) if cycle.steps else []
+        return CycleResult(written, claimed, StartPlan())
+
+    def claim_and_list(
+        self, cur: protocol.Cursor, cycle: Cycle
+    ) -> tuple[list[protocol.Lease], StartPlan]:
+        """The claim steps, then the list of what the slots may start (starts.py)."""
+        claimed = self.claimer.claim(cur, cycle.steps, cycle.now)
+        if not cycle.lists:
+            return claimed, StartPlan()  # Everything starts: the NULL list already says so.
+        plan = self.starts.plan(
+            cur, claimed, held=self.holdings.unsettled, room=cycle.room, window=cycle.window
+        )
+        return claimed, plan
+
+    def finish(self, cycle: Cycle, result: CycleResult | BaseException) -> int:
+        """Settle and report what the cycle wrote, hand what it claimed to the slots.
+
+        A cycle that failed wrote nothing: its outcomes are pending again, and
+        its error goes up to the control loop, which logs it and tries again.
+        """
+        leases = self.holdings
+        if isinstance(result, BaseException):
+            leases.restore(cycle.batch)
+            if cycle.lists:
                 self.starts.failed()
-                raise
-        self.reporter.submit(leases.settle(written))
-        start, lost = self.starts.apply(plan, leases.take(claimed))
+            raise result
+        if result.each is not None:
+            leases.replace_refused(cycle.batch, result.each)
+        self.reporter.submit(leases.settle(cycle.batch, result.written))
+        start, lost = self.starts.apply(result.plan, leases.take(result.claimed))
         for attempt in lost:
             leases.lose(attempt, "reaped before it started")
         if lost:
             self.counters.add("leases_lost", len(lost))
         self.slots.submit(start)
-        return len(claimed)
-
-    def claim_and_list(
-        self, cur: protocol.Cursor, steps: list[ClaimStep], now: float, *, room: int, window: int
-    ) -> tuple[list[protocol.Lease], StartPlan]:
-        """The claim steps, then the list of what the slots may start (starts.py)."""
-        claimed = self.claimer.claim(cur, steps, now)
-        plan = self.starts.plan(
-            cur, claimed, held=self.holdings.unsettled, room=room, window=window
-        )
-        return claimed, plan
+        return len(result.claimed)
 
     def idle(self) -> bool:
         """Nothing attempt, nothing running, nothing left to write.

@@ -59,6 +59,27 @@ Writer = Callable[[Cursor, str, list[Outcome]], dict[int, str]]
 def _complete(cur: Cursor, owner: str, batch: list[Outcome]) -> dict[int, str]:
     done = [(o.lease.id, o.lease.version, o.return_value) for o in batch]
     written = dict.fromkeys(protocol.complete(cur, owner=owner, done=done), "completed")
+    return _cancel_refused(cur, owner, batch, written)
+
+
+def send_completions(cur: Cursor, owner: str, batch: list[Outcome]) -> bool:
+    """COMPLETE of a batch, not read yet (the cycle's pipeline sends it with the claim)."""
+    done = [(o.lease.id, o.lease.version, o.return_value) for o in batch]
+    return protocol.send_complete(cur, owner=owner, done=done)
+
+
+def completions_written(cur: Cursor, owner: str, batch: list[Outcome]) -> dict[int, str]:
+    """What `send_completions` wrote, as `write` says it, with the same follow-ups
+    (CANCEL_HELD of the refused, the attempts' logs), in the same transaction."""
+    written = dict.fromkeys(protocol.written_ids(cur), "completed")
+    written = _cancel_refused(cur, owner, batch, written)
+    write_logs(cur, owner, batch, written)
+    return written
+
+
+def _cancel_refused(
+    cur: Cursor, owner: str, batch: list[Outcome], written: dict[int, str]
+) -> dict[int, str]:
     if len(written) < len(batch):
         # COMPLETE refuses a job an operator asked to cancel (its handler returned
         # before the heartbeat said so): the holder cancels it instead, now.
@@ -123,6 +144,13 @@ WRITERS: dict[str, Writer] = {
 # after an unsuccessful end, CANCEL_HELD after a refused COMPLETE): they need a
 # transaction around them, even alone. (COMPLETE's UNBLOCK is in its statement.)
 SEVERAL_STATEMENTS = frozenset({COMPLETE, RETRY, FAIL, CANCEL_HELD})
+
+
+def statements(batch: Iterable[Outcome]) -> int:
+    """How many statements writing `batch` may take: one per kind, two for the kinds
+    whose writer may run a second one (SEVERAL_STATEMENTS)."""
+    kinds = {o.kind for o in batch}
+    return len(kinds) + len(kinds & SEVERAL_STATEMENTS)
 
 
 def by_kind(outcomes: Iterable[Outcome]) -> dict[str, list[Outcome]]:

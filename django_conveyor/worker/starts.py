@@ -49,6 +49,10 @@ class StartWindow:
     def waiting(self) -> int:
         return len(self.reserve)
 
+    def idle(self) -> bool:
+        """Nothing to list: the row's list is NULL (and known to be), nothing in reserve."""
+        return self.listed is None and not self.unsure and not self.reserve
+
     def moving(self, room: int, window: int) -> bool:
         """Whether this cycle moves jobs from the reserve: the slots' queue has
         room for about half a window (so each move lists a batch, not a job)."""
