@@ -30,18 +30,18 @@ def text(path: Path) -> str:
 
 def test_the_claim_ahead_buffer_is_100_ms_per_slot_with_no_floor():
     assert claims.CLAIM_AHEAD_SECONDS == 0.1 and claims.MAX_PREFETCH == 1024
-    assert claims.MAX_START_WINDOW == 256
+    assert claims.MAX_START_WINDOW == claims.MAX_PREFETCH == 1024
     claimer = claims.Claimer(
         owner="w", queues=["default"], concurrency=4, lease_seconds=30, prefetch=None
     )
     assert claimer.prefetch(None) == 4  # The concurrency, before any job ran.
     assert claimer.prefetch(0.001) == 400  # 4 x 100 ms / 1 ms
     assert claimer.prefetch(1e-6) == 1024
-    assert claimer.start_window(1e-6) == 256
+    assert claimer.start_window(1e-6) == 1024
     assert claimer.prefetch(0.5) == 0  # Long jobs: no buffer at all.
     assert "about 100 ms of work per slot" in text(DOCS / "worker.md")
     assert "at most 1,024 (`claims.MAX_PREFETCH`)" in text(DOCS / "worker.md")
-    assert "capped at 256 (`claims.MAX_START_WINDOW`" in text(DOCS / "worker.md")
+    assert "capped at 1,024 (`claims.MAX_START_WINDOW`" in text(DOCS / "worker.md")
     assert "about 100 ms of work per slot, rounded down with no floor" in text(
         DOCS / "configuration.md"
     )
