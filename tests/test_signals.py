@@ -138,6 +138,13 @@ def test_the_reporter_thread_is_not_woken_when_nothing_can_hear(tasks_log_level,
     run_burst()
     assert batches == []
 
+    tasks_log_level(logging.WARNING)  # A failure's ERROR line is on, a success's INFO not.
+    tasks.add.enqueue(1, 2)
+    failed = tasks.discard_me.enqueue("no")
+    run_burst()
+    assert batches == [[int(failed.id)]]
+    batches.clear()
+
     seen = []
 
     def finished(sender, task_result, **kwargs):

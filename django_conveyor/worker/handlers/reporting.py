@@ -46,21 +46,31 @@ FINISHED_STATUS = {
 FLUSH_SECONDS = 5.0  # At exit, how long signals still queued may take to be sent.
 
 
+def reported_as(outcome: Outcome) -> tuple[TaskResultStatus, int] | None:
+    """The status `task_finished` reports for a written outcome, and the level
+    django.tasks logs it at; None: no signal for it (never started, or it runs
+    again as if it had not: a snooze, a hand-back)."""
+    status = FINISHED_STATUS.get(outcome.kind)
+    if status is None or outcome.attempt.started_at is None:
+        return None
+    if outcome.became == "retried":
+        status = TaskResultStatus.READY  # It runs again: not a failure (and no traceback).
+    return status, logging.ERROR if status == TaskResultStatus.FAILED else logging.INFO
+
+
 def report(outcome: Outcome) -> None:
     """Send `task_finished` for an outcome that was written; call it after the commit.
 
     Only for an attempt a slot started, and only when something hears the
     signal (signals.heard): otherwise no result is built at all.
     """
-    status = FINISHED_STATUS.get(outcome.kind)
-    attempt = outcome.attempt
-    if status is None or attempt.started_at is None:
+    reported = reported_as(outcome)
+    if reported is None:
         return
-    if outcome.became == "retried":
-        status = TaskResultStatus.READY  # It runs again: not a failure (and no traceback).
-    level = logging.ERROR if status == TaskResultStatus.FAILED else logging.INFO
+    status, level = reported
     if not heard(task_finished, log_task_finished, level):
         return
+    attempt = outcome.attempt
     started = attempt.result
     if started is None:  # Nobody heard task_started: build it now.
         task = task_or_none(attempt.lease.task_path)
@@ -97,12 +107,16 @@ class Reporter:
         self.thread.start()
 
     def submit(self, outcomes: Iterable[Outcome]) -> None:
-        """The outcomes one commit wrote, in their order."""
-        # ERROR is the highest level a task_finished line is logged at (report()).
+        """The outcomes one commit wrote, in their order; only those something hears."""
+        # The levels of reported_as(): ERROR is the highest, INFO the lowest.
         if not heard(task_finished, log_task_finished, logging.ERROR):
             return
+        everything = heard(task_finished, log_task_finished, logging.INFO)
         batch = [
-            o for o in outcomes if o.kind in FINISHED_STATUS and o.attempt.started_at is not None
+            o
+            for o in outcomes
+            if (reported := reported_as(o)) is not None
+            and (everything or reported[1] >= logging.ERROR)
         ]
         if batch:
             self.written.put(batch)

@@ -323,9 +323,10 @@ def cpu_table(cpu: dict[str, Any] | None) -> list[str]:
     ]
     for key, label in names.items():
         if row := cpu.get(key):
+            share = row["share_of_one_core"]  # None when the window lasted no time.
             out.append(
                 f"| {label} | {row['user_us_per_job']:.1f} | {row['system_us_per_job']:.1f} "
-                f"| {row['cpu_us_per_job']:.1f} | {row['share_of_one_core']:.0%} |"
+                f"| {row['cpu_us_per_job']:.1f} | {'-' if share is None else f'{share:.0%}'} |"
             )
     if cpu.get("machine_idle_share") is not None:
         out.append(
