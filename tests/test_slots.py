@@ -138,6 +138,23 @@ def test_a_slot_stuck_in_a_short_job_gets_help(gate):
     wait_until(lambda: reported.count() == 3)
 
 
+def test_jobs_that_turn_out_long_get_their_slots(gate):
+    attempts = claimed_gated(3)
+    reported = Reported()
+    pool = started_pool(3, reported, SHORT)
+    try:
+        pool.submit(attempts)
+        wait_until(lambda: pool.running() == 1)  # Short work: one slot for the three.
+        pool.avg_duration = LONG  # The average has grown: each waiting job needs a slot.
+        pool.keep_up(time.monotonic())
+        wait_until(lambda: pool.running() == 3)
+        assert pool.waiting() == 0
+    finally:
+        gate.set()
+        pool.stop()
+    wait_until(lambda: reported.count() == 3)
+
+
 def test_an_abandoned_slot_is_replaced_and_the_queue_goes_on(gate):
     attempts = claimed_gated(3)
     reported = Reported()

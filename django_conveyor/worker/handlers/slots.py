@@ -128,12 +128,21 @@ class SlotPool:
             slot.gate.release()
 
     def keep_up(self, now: float) -> None:
-        """Wake one more slot when jobs wait and every awake slot is stuck in a handler.
+        """Wake more slots when jobs wait that the awake ones will not take soon.
 
-        `now` is time.monotonic(). Called by the control loop every pass;
-        long jobs were each given a slot on submit, so only short ones stall.
+        `now` is time.monotonic(). Called by the control loop every pass. Long
+        jobs: every waiting job gets a slot (the average may have grown past
+        SHORT_JOB_SECONDS since they were queued, with few slots awake). Short
+        jobs: one more slot when every awake one is stuck in a handler.
         """
-        if not self.ready or not self.sleeping or self.long_jobs():
+        if not self.ready or not self.sleeping:
+            return
+        if self.long_jobs():
+            idle = sum(
+                1 for s in list(self.slots) if s.attempt is None and not (s.asleep or s.abandoned)
+            )
+            with self.lock:
+                self._wake(len(self.ready) - idle)
             return
         for slot in list(self.slots):
             if slot.abandoned or slot.asleep:
