@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from django_conveyor.models import Job
 from django_conveyor.worker.connections import connect
+from tests.factories import JobFactory
 from tests.helpers import start_logged_worker as worker
 from tests.helpers import stop_process, wait_until
 from tests.testapp import hostile, tasks
@@ -143,3 +144,18 @@ def test_a_row_locked_by_another_transaction_is_not_a_lost_lease(procs, tmp_path
     # The handler was never told its lease was gone (sleeper returns lease_held()).
     assert (row.attempt, row.return_value, row.errors) == (1, True, [])
     assert "lease lost" not in (tmp_path / "w.log").read_text()
+
+
+def test_a_burst_worker_runs_every_isolated_job_before_it_exits(procs, tmp_path):
+    """Jobs a crash left isolated each run alone, short ones back to back; a burst
+    worker runs all of them, and the ordinary ones beside, before it exits (it once
+    left the rest when the pass that settled one isolated job had not looked for
+    the next)."""
+    isolated = JobFactory.create_batch(60, isolated=True)
+    ordinary = JobFactory.create_batch(60)
+    proc = worker(procs, tmp_path, "isolated", "--burst", "--concurrency", "4")
+    assert proc.wait(120) == 0
+    ids = [job.id for job in isolated + ordinary]
+    rows = Job.objects.filter(pk__in=ids)
+    assert rows.filter(state="completed", attempt=1).count() == 120
+    assert not rows.filter(isolated=True).exists()  # Their COMPLETE cleared the mark.
