@@ -86,6 +86,11 @@ LOOP_WAITS: tuple[tuple[str, str], ...] = (
     ),
     ("waiting on PostgreSQL: heartbeat / reap", r"(heartbeat|reap) \(.*(wait|execute)"),
     (
+        # The common cycle: BEGIN, COMPLETE and CLAIM in one round trip, then COMMIT.
+        "waiting on PostgreSQL: a pipelined cycle (COMPLETE and CLAIM, then COMMIT)",
+        r"execute_pipelined \(django_conveyor.*(Connection\.wait|_exec_command|Transaction|sync)",
+    ),
+    (
         "waiting on PostgreSQL: BEGIN / COMMIT",
         r"cycle \(django_conveyor.*(Connection\.wait|_exec_command|Transaction)",
     ),
