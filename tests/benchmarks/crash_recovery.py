@@ -156,10 +156,7 @@ def main() -> int:
         "final_states": final,
         "load_average": [round(x, 2) for x in os.getloadavg()],
     }
-    print(json.dumps(result, indent=2))
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
+    scratch.emit(result, args.out)
     scratch.drop(DB_NAME)
     ok = final == {"completed": args.jobs} and baseline_final == {"completed": left}
     return 0 if ok else 1

@@ -226,10 +226,7 @@ def main() -> int:
         "reap_statements": row["statements"],
         "load_average": [round(x, 2) for x in os.getloadavg()],
     }
-    print(json.dumps(result, indent=2))
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=2) + "\n")
+    scratch.emit(result, args.out)
     scratch.drop(DB_NAME)
     return 0 if states == ({"available": args.jobs} if args.jobs else {}) else 1
 

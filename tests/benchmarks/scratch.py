@@ -73,3 +73,11 @@ def report(result: dict[str, Any], out: Path | None, stem: str) -> None:
         path = out / f"{stem}-{result['date']}.json"
         path.write_text(json.dumps(result, indent=2) + "\n")
         print(f"wrote {path}", file=sys.stderr)
+
+
+def emit(result: dict[str, Any], path: Path | None) -> None:
+    """Print the result, and write it to the file `path` when asked."""
+    print(json.dumps(result, indent=2))
+    if path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result, indent=2) + "\n")
