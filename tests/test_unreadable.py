@@ -222,9 +222,12 @@ class TestPagesAnswer:
 
 def test_an_unreadable_schedule_stops_alone_and_the_others_tick():
     now = ticks.database_now(connection.cursor())
+    # Due at this minute's start: the next tick is a minute after it, past `now`. (A second
+    # before `now` made two ticks due whenever `now` fell in a minute's first second.)
+    due = now.replace(second=0, microsecond=0)
     for name in ("broken", "fine"):
         Cron.objects.create(name=name, schedule="* * * * *", task_path="tests.testapp.tasks.noop",
-                            next_tick_at=now - timedelta(seconds=1))  # fmt: skip
+                            next_tick_at=due)  # fmt: skip
     with connection.cursor() as cursor:
         cursor.execute("UPDATE conveyor_cron SET next_tick_at = '-infinity' WHERE name = 'broken'")
         counts = ticks.run_once(cursor, now)
