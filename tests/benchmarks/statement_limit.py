@@ -968,6 +968,15 @@ def enqueue_copy(cur: Any, rows: list[dict[str, Any]]) -> int:
     return len(cur.fetchall())
 
 
+def enqueue_arrays(cur: Any, rows: list[dict[str, Any]]) -> int:
+    """ENQUEUE from typed arrays, which one job used before ENQUEUE_ONE."""
+    from django_conveyor import protocol
+
+    sent = [protocol._row(job, job, 0) for job in _new_jobs(rows)]
+    cur.execute(tagged("arrays", protocol.ENQUEUE), protocol._enqueue_params(sent, True))
+    return len(cur.fetchall())
+
+
 def floor_insert(cur: Any, rows: list[dict[str, Any]]) -> int:
     cur.execute(tagged("floor", "INSERT INTO bench_floor (payload) VALUES (%s)"), ["[]"])
     return 1
@@ -1002,11 +1011,13 @@ ENQUEUE_DESIGNS = {
         EnqueueDesign("floor", _FLOOR, floor_insert, bulk=False),
         EnqueueDesign("recordset-1", "ENQUEUE from a one-row JSON recordset (before)",
                       enqueue_recordset, bulk=False),
-        EnqueueDesign("shipped-1", "protocol.enqueue(): ENQUEUE from typed arrays",
+        EnqueueDesign("shipped-1", "protocol.enqueue(): ENQUEUE_ONE, a VALUES row",
                       enqueue_shipped, bulk=False),
         EnqueueDesign("shipped-1-prepared", "the same, server-side binding, prepared",
                       enqueue_shipped, bulk=False, client_binding=False),
         EnqueueDesign("values-1", "a single-row INSERT ... VALUES", enqueue_values, bulk=False),
+        EnqueueDesign("arrays-1", "ENQUEUE from typed arrays, one job (before ENQUEUE_ONE)",
+                      enqueue_arrays, bulk=False),
         EnqueueDesign("values-1-lean",
                       "single-row VALUES; one claim index, admin indexes on finished rows only",
                       enqueue_values, bulk=False, ddl=LEAN_ENQUEUE),
