@@ -2594,5 +2594,9 @@ ACTIONS = {
     "ENQUEUE_REPLACE": enqueue_replace,
 }
 
+# Statements that are another text of an action above: the same rows written,
+# the same guard, for another shape of input (tests/test_enqueue_forms.py).
+FORMS = {"ENQUEUE_ONE": "ENQUEUE"}
+
 
 __all__ = ["ACTIONS", "GateEnded", "JobState", "Lease", "NewJob", "Reaped", "Renewed"]
