@@ -401,3 +401,21 @@ def test_enqueue_many_takes_a_key_per_call_and_checks_it():
     with pytest.raises(InvalidTask, match="enqueue_many\\(\\) call 1: concurrency_key"):
         tasks.add.enqueue_many([((1, 2), {}), ((1, 2), {}, {"concurrency_key": ""})])
     assert Job.objects.count() == 3  # Nothing of the refused batch.
+
+
+def test_a_limited_claim_is_never_jit_compiled_and_the_session_keeps_its_setting():
+    """CLAIM_LIMITED's estimate passes jit_above_cost under a backlog, and compiling
+    cost about 150 ms per claim: LOCK_LIMITED turns JIT off for its transaction only."""
+    limit(concurrency=5)
+    jobs(2)
+    with connection.cursor() as cur:
+        cur.execute("SET jit = on")
+        with transaction.atomic():
+            assert protocol.lock_limited(cur, queues=[QUEUE]) == [QUEUE]
+            cur.execute("SHOW jit")
+            assert cur.fetchone()[0] == "off"
+            assert len(protocol.claim_limited(cur, owner="w1", queue=QUEUE, limit=5,
+                                              lease_seconds=30)) == 2  # fmt: skip
+        cur.execute("SHOW jit")
+        assert cur.fetchone()[0] == "on"
+        cur.execute("RESET jit")
