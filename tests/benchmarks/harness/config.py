@@ -17,7 +17,9 @@ ALL_SYSTEMS = (
 )
 # The default run, in this order; `profile` runs only when named (it needs py-spy
 # and ptrace, and one long drain of its own).
-DEFAULT_WORKLOADS = ("drain", "enqueue", "latency", "limit", "sustained", "growth", "relay")
+DEFAULT_WORKLOADS = (
+    "drain", "enqueue", "latency", "limit", "sustained", "growth", "features", "relay",
+)  # fmt: skip
 ALL_WORKLOADS = (*DEFAULT_WORKLOADS, "profile")
 
 ADAPTERS = {name: f"{name.replace('-', '_')}_adapter.py" for name in ALL_SYSTEMS}
@@ -35,6 +37,10 @@ CONVEYOR_ONLY = {
         "(django_conveyor/protocol.py) without its worker"
     ),
     "profile": "py-spy profiles a django-conveyor worker",
+    "features": (
+        "what django-conveyor's flow control and unique jobs cost; the peers' limits and "
+        "uniqueness differ in kind, and several keep them in paid tiers"
+    ),
 }
 # The sustained run is long (10^6 jobs in the full run): django-conveyor, whose
 # target it is, and pgqueuer, the fastest peer of the published runs, for comparison.
@@ -116,6 +122,18 @@ GROWTH_FIGURES = (
     "ready-other-queue-1e6",
     "processes-8",
     "queues-100",
+)
+
+# Features figures (django-conveyor): the drain of one queue without limits and
+# under each kind of limit (none reached: djproject/settings.py), and unique
+# enqueue beside plain enqueue.
+FEATURE_FIGURES = (
+    "no limit",
+    "concurrency",
+    "rate",
+    "key_concurrency",
+    "fair",
+    "unique enqueue",
 )
 
 # Batch sizes the physical limit tries (jobs claimed, then completed, per cycle).

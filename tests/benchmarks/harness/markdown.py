@@ -340,8 +340,52 @@ def cpu_table(cpu: dict[str, Any] | None) -> list[str]:
     return out
 
 
+# The worker's defaults (conveyor_worker with no flags), as the drain sweep names them.
+CONVEYOR_DEFAULT = "concurrency=4,prefetch=auto"
+
+
+def features_table(doc: dict[str, Any]) -> list[str]:
+    per = doc["results"].get("features", {}).get("conveyor")
+    if not isinstance(per, dict) or "skipped" in per:
+        return []
+    out = [
+        f"### Flow control and unique jobs (django-conveyor, {doc['sizes']['growth_jobs']:,} "
+        "jobs per drain, 2 processes)",
+        "",
+        "| figure | setting | jobs/s | vs no limit | load / others |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    base = _best(doc, "features", "conveyor", "no limit")
+    base_rate = base[1].get("jobs_per_s", {}).get("median") if base else None
+    unique = None
+    for fig in per:
+        found = _best(doc, "features", "conveyor", fig)
+        if not found:
+            continue
+        label, s = found
+        if "jobs_per_s" not in s:
+            unique = s
+            continue
+        rate = s["jobs_per_s"].get("median")
+        ratio = f"{rate / base_rate:.2f}" if rate and base_rate else "-"
+        out.append(f"| {fig} | `{label}` | {_stat(s, 'jobs_per_s')} | {ratio} | {_load(s)} |")
+    if unique:
+        out += [
+            "",
+            "| enqueue | plain /s | unique /s | unique / plain | load / others |",
+            "| --- | --- | --- | --- | --- |",
+            f"| one call per transaction | {_stat(unique, 'single_plain_per_s')} "
+            f"| {_stat(unique, 'single_unique_per_s')} "
+            f"| {_stat(unique, 'single_unique_over_plain', 2, False)} | {_load(unique)} |",
+            f"| enqueue_many, 10% repeated calls | {_stat(unique, 'bulk_plain_per_s')} "
+            f"| {_stat(unique, 'bulk_unique_per_s')} "
+            f"| {_stat(unique, 'bulk_unique_over_plain', 2, False)} | {_load(unique)} |",
+        ]
+    return out
+
+
 def targets(doc: dict[str, Any]) -> list[str]:
-    """The issue's targets, checked against this document's figures."""
+    """The performance issue's targets, checked against this document's figures."""
     res = doc["results"]
     rows: list[str] = []
 
@@ -356,66 +400,76 @@ def targets(doc: dict[str, Any]) -> list[str]:
         found = [(v, p) for v, p in ((med(workload, p, fig, metric), p) for p in names) if v]
         return max(found) if found else None
 
+    def row(target: str, result: str, met: bool) -> None:
+        rows.append(f"| {target} | {result} | {'met' if met else 'missed'} |")
+
+    limits = res.get("limit", {}).get("conveyor", {})
     for fig in _figures(doc, "drain"):
         ours = med("drain", "conveyor", fig, "jobs_per_s")
+        shipped = _best_of(
+            limits.get(fig, {}).get("settings", {}),
+            lambda st: st.get("claim", "protocol") == "protocol",
+        )
+        limit = shipped[1]["jobs_per_s"]["median"] if shipped else None
+        if ours and limit:
+            row(f"drain {fig} ≥ 90% of the statement limit", f"{ours / limit:.0%} of {limit:,.0f}",
+                ours >= 0.9 * limit)  # fmt: skip
         peer = best_peer("drain", fig, "jobs_per_s")
         if ours and peer:
-            rows.append(
-                f"| drain {fig} ≥ 2x best peer | {ours / peer[0]:.2f}x ({peer[1]} {peer[0]:,.0f}) "
-                f"| {'met' if ours >= 2 * peer[0] else 'missed'} |"
-            )
+            result = f"{ours / peer[0]:.2f}x ({peer[1]} {peer[0]:,.0f})"
+            row(f"drain {fig} ≥ 1.5x best peer", result, ours >= 1.5 * peer[0])
+        sweep = res.get("drain", {}).get("conveyor", {}).get(fig, {}).get("sweep", {})
+        medians = {
+            label: e["summary"]["jobs_per_s"]["median"]
+            for label, e in sweep.items()
+            if "jobs_per_s" in e.get("summary", {})
+        }
+        if CONVEYOR_DEFAULT in medians:
+            share = medians[CONVEYOR_DEFAULT] / max(medians.values())
+            row(f"fast by default, {fig}: no flags ≥ 90% of the best swept", f"{share:.0%}",
+                share >= 0.9)  # fmt: skip
+    one = _best_of(limits.get("1 process", {}).get("settings", {}), lambda st: True)
+    if one:
+        rate = one[1]["jobs_per_s"]["median"]
+        row("statement limit ≥ 40,000 jobs/s on one connection", f"{rate:,.0f}", rate >= 40_000)
     ours = med("enqueue", "conveyor", "enqueue", "enqueue_one_per_call_per_s")
     floor = med("enqueue", "conveyor", "enqueue", "floor_insert_commit_per_s")
     if ours and floor:
-        rows.append(
-            f"| one call per transaction within 20% of the floor | {100 * ours / floor:.0f}% of "
-            f"{floor:,.0f}/s | {'met' if ours >= 0.8 * floor else 'missed'} |"
-        )
-    for metric, what in (
-        ("enqueue_one_per_call_per_s", "one call per transaction"),
-        ("enqueue_bulk_per_s", "bulk enqueue"),
-    ):
-        value = med("enqueue", "conveyor", "enqueue", metric)
-        # against the PostgreSQL peers: a Redis push is not a committed transaction
-        peer = best_peer("enqueue", "enqueue", metric, PEERS_ON_POSTGRES)
-        if value and peer:
-            rows.append(
-                f"| {what} ≥ best peer | {value:,.0f} vs {peer[1]} {peer[0]:,.0f} | "
-                f"{'met' if value >= peer[0] else 'missed'} |"
-            )
+        row("one call per transaction ≥ 80% of the floor", f"{ours / floor:.0%} of {floor:,.0f}/s",
+            ours >= 0.8 * floor)  # fmt: skip
+    # Against the PostgreSQL peers: a Redis push is not a committed transaction.
+    peer = best_peer("enqueue", "enqueue", "enqueue_one_per_call_per_s", PEERS_ON_POSTGRES)
+    if ours and peer:
+        row("one call per transaction ≥ every peer", f"{ours:,.0f} vs {peer[1]} {peer[0]:,.0f}",
+            ours >= peer[0])  # fmt: skip
+    bulk = med("enqueue", "conveyor", "enqueue", "enqueue_bulk_per_s")
+    pgqueuer = med("enqueue", "pgqueuer", "enqueue", "enqueue_bulk_per_s")
+    if bulk and pgqueuer:
+        row("bulk enqueue ≥ 1.2x pgqueuer", f"{bulk / pgqueuer:.2f}x ({bulk:,.0f} vs "
+            f"{pgqueuer:,.0f})", bulk >= 1.2 * pgqueuer)  # fmt: skip
     for fig in _figures(doc, "latency"):
         p50 = med("latency", "conveyor", fig, "p50_ms")
         p99 = med("latency", "conveyor", fig, "p99_ms")
-        peers = [
-            (med("latency", p, fig, "p50_ms"), med("latency", p, fig, "p99_ms"), p)
-            for p in PEERS_ON_POSTGRES
-        ]
-        peers = [x for x in peers if x[0] is not None]
-        if p50 is not None and peers:
-            b50 = min(peers)
-            b99 = min(peers, key=lambda x: x[1] or 1e9)
-            ok = p50 <= b50[0] and p99 is not None and p99 <= (b99[1] or 1e9) and p50 <= 1.0
-            rows.append(
-                f"| latency p50 ≤ 1 ms and p50/p99 ≤ best PostgreSQL peer | {p50:.2f} / "
-                f"{p99:.2f} ms vs {b50[2]} {b50[0]:.2f}, {b99[2]} {b99[1]:.2f} | "
-                f"{'met' if ok else 'missed'} |"
-            )
+        if p50 is not None and p99 is not None:
+            row(f"pickup at {fig} from the call's start: p50 ≤ 1.5 ms, p99 ≤ 4 ms",
+                f"{p50:.2f} / {p99:.2f} ms", p50 <= 1.5 and p99 <= 4.0)  # fmt: skip
     for fig in _figures(doc, "sustained"):
         ratio = med("sustained", "conveyor", fig, "last_over_first")
         growth = med("sustained", "conveyor", fig, "rss_growth_mb")
         if ratio is not None:
-            rows.append(
-                f"| sustained: last 10% ≥ 90% of first 10% | {ratio:.2f} (RSS {growth:+.1f} MB) | "
-                f"{'met' if ratio >= 0.9 else 'missed'} |"
-            )
+            row("sustained: last 10% ≥ 90% of first 10%",
+                f"{ratio:.2f} (RSS {growth or 0:+.1f} MB)", ratio >= 0.9)  # fmt: skip
     base = med("growth", "conveyor", "base", "jobs_per_s")
     for fig in ("finished-1e6", "ready-1e6", "ready-other-queue-1e6", "processes-8", "queues-100"):
         rate = med("growth", "conveyor", fig, "jobs_per_s")
         if rate and base:
-            rows.append(
-                f"| growth {fig} no slower than base | {rate / base:.2f}x | "
-                f"{'met' if rate >= 0.9 * base else 'missed'} |"
-            )
+            row(f"growth {fig} no slower than base", f"{rate / base:.2f}x", rate >= 0.9 * base)
+    single = med("features", "conveyor", "unique enqueue", "single_unique_over_plain")
+    many = med("features", "conveyor", "unique enqueue", "bulk_unique_over_plain")
+    if single is not None:
+        row("unique enqueue, one call: within 15% of plain", f"{single:.2f}x", single >= 0.85)
+    if many is not None:
+        row("unique enqueue_many: within 1.5x of plain", f"{many:.2f}x", many >= 1 / 1.5)
     if not rows:
         return []
     return [
@@ -444,6 +498,7 @@ def render(doc: dict[str, Any]) -> str:
         latency_table(doc),
         sustained_table(doc),
         growth_table(doc),
+        features_table(doc),
         limit_table(doc),
         relay_table(doc),
         profile_table(doc),

@@ -39,6 +39,15 @@ SUMMARY_METRICS = {
     ),
     "relay": ("jobs_per_s", "worker_peak_rss_mb"),
     "growth": ("jobs_per_s", "prefill_s", "worker_peak_rss_mb"),
+    "features": (
+        "jobs_per_s",
+        "single_plain_per_s",
+        "single_unique_per_s",
+        "single_unique_over_plain",
+        "bulk_plain_per_s",
+        "bulk_unique_per_s",
+        "bulk_unique_over_plain",
+    ),
     "sustained": (
         "measured_jobs_per_s",
         "first_10pct_jobs_per_s",

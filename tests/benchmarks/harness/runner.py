@@ -305,6 +305,19 @@ def cells(ctx: Context, workload: str, systems: list[str], phase: str = "final")
                     **chunk,
                 }
                 out.append(Cell(workload, fig, system, setting, "growth", params))
+        elif workload == "features":
+            setting = best_setting(ctx, system, 2)
+            for fig in config.FEATURE_FIGURES:
+                params = {
+                    "figure": fig,
+                    "jobs": z.growth_jobs,
+                    "processes": 2,
+                    "single": z.enqueue_single,
+                    "bulk": z.enqueue_bulk,
+                    "setting": setting,
+                    **chunk,
+                }
+                out.append(Cell(workload, fig, system, setting, "features", params))
         elif workload == "limit":
             settings = [{"batch": b, "pipeline": True} for b in config.LIMIT_BATCHES]
             settings += [{"batch": b, "pipeline": False} for b in (50, 200)]
@@ -412,6 +425,12 @@ def headline(workload: str, result: dict[str, Any]) -> str:
     if workload == "profile":
         rate, jobs = result["profiled_jobs_per_s"], result["profiled_jobs"]
         return f"{rate:.0f} jobs/s under py-spy ({jobs} jobs)"
+    if "single_unique_per_s" in result:  # features: unique enqueue
+        return (
+            f"one call: plain {result['single_plain_per_s']:.0f}/s, unique "
+            f"{result['single_unique_per_s']:.0f}/s; enqueue_many: plain "
+            f"{result['bulk_plain_per_s']:.0f}/s, unique {result['bulk_unique_per_s']:.0f}/s"
+        )
     text = f"{result['jobs_per_s']:.0f} jobs/s"
     if result.get("worker_peak_rss_mb"):
         text += f"  rss {result['worker_peak_rss_mb']:.0f} MB"

@@ -42,6 +42,7 @@ class ConveyorAdapter(DjangoAdapter):
         super().__init__(params)
         self.workloads = {
             "growth": workload_growth,
+            "features": workload_features,
             "limit": workload_limit,
             "profile": workload_profile,
         }
@@ -51,6 +52,18 @@ class ConveyorAdapter(DjangoAdapter):
         if queue:
             task = task.using(queue_name=queue)
         task.enqueue_many([((seq,), {}) for seq in seqs])
+
+    def limits(self, queue: str) -> dict[str, Any]:
+        """The limits the workers synced for `queue` (conveyor_queue), as stored."""
+        rows = self.sql(
+            "SELECT concurrency, rate_count, rate_seconds, key_concurrency, fair"
+            " FROM conveyor_queue WHERE name = %s",
+            [queue],
+        )
+        if not rows:
+            return {}
+        names = ("concurrency", "rate_count", "rate_seconds", "key_concurrency", "fair")
+        return {k: v for k, v in zip(names, rows[0], strict=True) if v not in (None, False)}
 
     def pending_in(self, queues: Sequence[str]) -> int:
         rows = self.sql(self.pending_sql + " AND queue = ANY(%s)", [list(queues)])
@@ -209,6 +222,104 @@ def workload_growth(run: Run) -> dict[str, Any]:
         }
     )
     return out
+
+
+# ---------------------------------------------------------------- features
+
+# Features figure -> the queue drained (djproject/settings.py declares its
+# limit) and how many concurrency keys its jobs spread over.
+FEATURE_QUEUES = {
+    "no limit": ("default", 0),
+    "concurrency": ("limit-concurrency", 0),
+    "rate": ("limit-rate", 0),
+    "key_concurrency": ("limit-keys", 1000),
+    "fair": ("limit-fair", 1000),
+}
+
+
+def workload_features(run: Run) -> dict[str, Any]:
+    """What flow control and unique jobs cost: a drain, or unique enqueue beside plain."""
+    p = run.params
+    if p["figure"] == "unique enqueue":
+        return _unique_enqueue(run)
+    a: ConveyorAdapter = run.adapter  # type: ignore[assignment]
+    queue, keys = FEATURE_QUEUES[p["figure"]]
+    n, chunk = int(p["jobs"]), int(p.get("bulk_chunk", 5000))
+    task = a.task("noop").using(queue_name=queue)
+    calls: list[Any] = [((seq,), {}) for seq in range(n)]
+    if keys:
+        calls = [((seq,), {}, {"concurrency_key": f"k{seq % keys}"}) for seq in range(n)]
+    for i in range(0, n, chunk):
+        task.enqueue_many(calls[i : i + chunk])
+    a.analyze()
+    setting = {**run.setting, "queues": [queue]}
+    started = time.time()
+    # Not --burst: a worker that finds no room under a limit and holds nothing exits.
+    procs = run.start_workers(burst=False, setting=setting)
+    out = run.drain(n, procs, float(p.get("timeout", 1800)), started=started, burst=False)
+    out.update(
+        {
+            "figure": p["figure"],
+            "queue": queue,
+            "concurrency_keys": keys,
+            "knobs": {**a.knobs("noop", run.processes, setting), "limits": a.limits(queue)},
+        }
+    )
+    return out
+
+
+def _unique_enqueue(run: Run) -> dict[str, Any]:
+    """Calls with unique=Unique() (a new key each) against plain calls, in alternating
+    blocks; then enqueue_many() of unique calls, 10% of them repeating the call
+    before (folded into its job), against enqueue_many() of plain calls."""
+    from django_conveyor import Unique
+
+    p = run.params
+    a: ConveyorAdapter = run.adapter  # type: ignore[assignment]
+    n, bulk_n, chunk = int(p["single"]), int(p["bulk"]), int(p.get("bulk_chunk", 5000))
+    plain = a.task("noop")
+    unique = plain.using(unique=Unique())
+    for warm in range(-20, 0):
+        plain.enqueue(warm)
+        unique.enqueue(warm - 100)
+    took = {"plain": 0.0, "unique": 0.0}
+    blocks, seq = 4, 0
+    for _ in range(blocks):
+        for name, task in (("plain", plain), ("unique", unique)):
+            for _ in range(max(1, n // blocks)):
+                t0 = time.perf_counter()
+                task.enqueue(seq)
+                took[name] += time.perf_counter() - t0
+                seq += 1
+    single = max(1, n // blocks) * blocks
+    seq += 1_000_000
+    bulk_seqs = [seq + i - (i % 10 == 9) for i in range(bulk_n)]  # every tenth repeats
+    bulk = {}
+    for name, task in (("plain", plain), ("unique", unique)):
+        t0 = time.perf_counter()
+        for i in range(0, bulk_n, chunk):
+            task.enqueue_many([((s,), {}) for s in bulk_seqs[i : i + chunk]])
+        bulk[name] = bulk_n / (time.perf_counter() - t0)
+        bulk_seqs = [s + 10 * bulk_n for s in bulk_seqs]
+    single_plain, single_unique = single / took["plain"], single / took["unique"]
+    return {
+        "figure": "unique enqueue",
+        "single_plain_per_s": single_plain,
+        "single_unique_per_s": single_unique,
+        "single_unique_over_plain": single_unique / single_plain,
+        "bulk_plain_per_s": bulk["plain"],
+        "bulk_unique_per_s": bulk["unique"],
+        "bulk_unique_over_plain": bulk["unique"] / bulk["plain"],
+        "single_calls": single,
+        "bulk_calls": bulk_n,
+        "bulk_duplicates": sum(1 for i in range(bulk_n) if i % 10 == 9),
+        "knobs": {
+            "single": "task.enqueue() per call, autocommit, blocks of plain and unique calls",
+            "unique": "task.using(unique=Unique()): key from task, arguments and queue",
+            "bulk": f"enqueue_many() in calls of {chunk}; unique: every tenth call repeats "
+            "the one before",
+        },
+    }
 
 
 # ---------------------------------------------------------------- physical limit

@@ -44,6 +44,18 @@ INSTALLED_APPS = ["django.contrib.contenttypes", _APPS[SYSTEM]]
 _QUEUES = ["default"] + (
     ["backlog"] + [f"q{i}" for i in range(100)] if SYSTEM == "conveyor" else []
 )
+# django-conveyor's features workload: a queue for each kind of limit, set so
+# that no drain of the benchmark reaches it (what the limited claim costs, not
+# what a limit holds back); `limit-keys` and `limit-fair` get 1,000 keys.
+FEATURE_LIMITS: dict[str, dict[str, Any]] = {
+    "limit-concurrency": {"concurrency": 100_000},
+    "limit-rate": {"rate": "1000000/s"},
+    "limit-keys": {"key_concurrency": 1},
+    "limit-fair": {"fair": True},
+}
+if SYSTEM == "conveyor":
+    _QUEUES += list(FEATURE_LIMITS)
+    CONVEYOR = {"QUEUES": FEATURE_LIMITS}
 TASKS: dict[str, Any] = {
     "default": {"BACKEND": _BACKENDS[SYSTEM], "QUEUES": _QUEUES},
 }
