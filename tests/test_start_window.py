@@ -12,6 +12,9 @@ from django_conveyor import protocol
 from django_conveyor.models import Job, Worker
 from django_conveyor.worker.attempts import Attempt
 from django_conveyor.worker.claims import MAX_START_WINDOW
+from django_conveyor.worker.config import WorkerOptions
+from django_conveyor.worker.cycles import Cycle
+from django_conveyor.worker.loop import Worker as WorkerLoop
 from django_conveyor.worker.starts import StartWindow
 from tests.factories import JobFactory
 from tests.helpers import start_logged_worker, wait_until
@@ -204,3 +207,19 @@ class TestTheReserve:
         assert window.moving(room=4, window=8) and not window.moving(room=3, window=8)
         assert window.moving(room=1, window=1) and not window.moving(room=0, window=1)
         assert not StartWindow(OWNER).moving(room=100, window=8)  # Nothing waits.
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("lists", [False, True])
+def test_a_failed_cycle_makes_the_list_unsure_only_if_it_may_have_written_it(lists):
+    """A cycle that wrote no list leaves what the row holds known; one that may have
+    written it (and did not commit) makes the worker write it again before trusting it."""
+    worker = WorkerLoop(WorkerOptions(queues=("default",), listen=False, stop_signals=()))
+    assert worker.starts.unsure is False
+    cycle = Cycle(
+        batch={}, steps=[], now=0.0, room=0, window=0, statements=1, lists=lists,
+        pipelined=False,
+    )  # fmt: skip
+    with pytest.raises(RuntimeError, match="the connection broke"):
+        worker.finish(cycle, RuntimeError("the connection broke"))
+    assert worker.starts.unsure is lists

@@ -101,7 +101,7 @@ class SlotPool:
             return
         self.ready.extend(attempts)
         with self.lock:
-            self._wake(self.wanted() - (0 if self.long_jobs() else self.awake()))
+            self._wake(self._to_wake())
 
     def long_jobs(self) -> bool:
         average = self.avg_duration
@@ -118,6 +118,15 @@ class SlotPool:
 
     def awake(self) -> int:
         return self.live - len(self.sleeping)
+
+    def _to_wake(self) -> int:
+        """Under the lock: how many sleeping slots the queued jobs need woken. Long
+        jobs: one per job beyond the awake slots between jobs (each takes one);
+        short jobs: wanted() beyond every awake slot."""
+        if not self.long_jobs():
+            return self.wanted() - self.awake()
+        between = sum(1 for s in self.slots if s.attempt is None and not (s.asleep or s.abandoned))
+        return len(self.ready) - between
 
     def _wake(self, count: int) -> None:
         """Under the lock: wake up to `count` sleeping slots."""
@@ -138,11 +147,8 @@ class SlotPool:
         if not self.ready or not self.sleeping:
             return
         if self.long_jobs():
-            idle = sum(
-                1 for s in list(self.slots) if s.attempt is None and not (s.asleep or s.abandoned)
-            )
             with self.lock:
-                self._wake(len(self.ready) - idle)
+                self._wake(self._to_wake())
             return
         for slot in list(self.slots):
             if slot.abandoned or slot.asleep:
