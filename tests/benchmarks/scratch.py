@@ -67,11 +67,9 @@ def drop(*names: str) -> None:
 
 def report(result: dict[str, Any], out: Path | None, stem: str) -> None:
     """Print the result, and write it to `out/<stem>-<date>.json` when asked."""
-    print(json.dumps(result, indent=2))
-    if out:
-        out.mkdir(parents=True, exist_ok=True)
-        path = out / f"{stem}-{result['date']}.json"
-        path.write_text(json.dumps(result, indent=2) + "\n")
+    path = out / f"{stem}-{result['date']}.json" if out else None
+    emit(result, path)
+    if path:
         print(f"wrote {path}", file=sys.stderr)
 
 

@@ -363,10 +363,10 @@ def features_table(doc: dict[str, Any]) -> list[str]:
         if not found:
             continue
         label, s = found
-        if "jobs_per_s" not in s:
+        if fig == "unique enqueue":
             unique = s
             continue
-        rate = s["jobs_per_s"].get("median")
+        rate = s.get("jobs_per_s", {}).get("median")
         ratio = f"{rate / base_rate:.2f}" if rate and base_rate else "-"
         out.append(f"| {fig} | `{label}` | {_stat(s, 'jobs_per_s')} | {ratio} | {_load(s)} |")
     if unique:

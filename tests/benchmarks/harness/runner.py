@@ -291,33 +291,29 @@ def cells(ctx: Context, workload: str, systems: list[str], phase: str = "final")
             }
             fig = f"{z.sustained_jobs:,} jobs, {process_label(n)}"
             out.append(Cell(workload, fig, system, setting, "sustained", params))
-        elif workload == "growth":
+        elif workload in ("growth", "features"):
+            # One drain (or enqueue) per figure, at 2 processes' best setting.
             setting = best_setting(ctx, system, 2)
-            for fig in config.GROWTH_FIGURES:
-                params = {
-                    "figure": fig,
-                    "jobs": z.growth_jobs,
+            if workload == "growth":
+                figures = config.GROWTH_FIGURES
+                sized = {
                     "rows": z.growth_rows,
-                    "processes": 2,
                     "growth_processes": z.growth_processes,
                     "growth_queues": z.growth_queues,
-                    "setting": setting,
-                    **chunk,
                 }
-                out.append(Cell(workload, fig, system, setting, "growth", params))
-        elif workload == "features":
-            setting = best_setting(ctx, system, 2)
-            for fig in config.FEATURE_FIGURES:
+            else:
+                figures = config.FEATURE_FIGURES
+                sized = {"single": z.enqueue_single, "bulk": z.enqueue_bulk}
+            for fig in figures:
                 params = {
                     "figure": fig,
                     "jobs": z.growth_jobs,
                     "processes": 2,
-                    "single": z.enqueue_single,
-                    "bulk": z.enqueue_bulk,
+                    **sized,
                     "setting": setting,
                     **chunk,
                 }
-                out.append(Cell(workload, fig, system, setting, "features", params))
+                out.append(Cell(workload, fig, system, setting, workload, params))
         elif workload == "limit":
             settings = [{"batch": b, "pipeline": True} for b in config.LIMIT_BATCHES]
             settings += [{"batch": b, "pipeline": False} for b in (50, 200)]

@@ -246,9 +246,9 @@ def workload_features(run: Run) -> dict[str, Any]:
     queue, keys = FEATURE_QUEUES[p["figure"]]
     n, chunk = int(p["jobs"]), int(p.get("bulk_chunk", 5000))
     task = a.task("noop").using(queue_name=queue)
-    calls: list[Any] = [((seq,), {}) for seq in range(n)]
-    if keys:
-        calls = [((seq,), {}, {"concurrency_key": f"k{seq % keys}"}) for seq in range(n)]
+    calls = [
+        ((seq,), {}, {"concurrency_key": f"k{seq % keys}"} if keys else None) for seq in range(n)
+    ]
     for i in range(0, n, chunk):
         task.enqueue_many(calls[i : i + chunk])
     a.analyze()
