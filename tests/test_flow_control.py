@@ -159,6 +159,39 @@ def test_limits_combine():
     assert max(running(key="a"), running(key="b")) == 2
 
 
+def claim_ahead(owner: str, limit: int, free: int) -> int:
+    """A limited claim of a worker with `free` free slots and a claim-ahead buffer."""
+    with transaction.atomic(), connection.cursor() as cur:
+        protocol.lock_limited(cur, queues=[QUEUE])
+        leases = protocol.claim_limited(
+            cur, owner=owner, queue=QUEUE, limit=limit, free=free, lease_seconds=30
+        )
+    return len(leases)
+
+
+@pytest.mark.parametrize(
+    "values, taken",
+    [
+        # Far from the limit: the free slots, then half the headroom they leave.
+        ({"concurrency": 100}, [4 + 36, 4 + 28, 4 + 12, 4 + 4]),
+        # Near it: the free slots, and ahead only while half the headroom is left.
+        ({"concurrency": 10}, [4 + 3, 3, 0, 0]),
+        # A rate counts claims as starts: never claimed ahead.
+        ({"rate": "1000/s"}, [4, 4, 4, 4]),
+        # A key limit alone (no queue limit): ahead as far as the keys allow.
+        ({"key_concurrency": 10}, [40, 40, 20, 0]),
+    ],
+    ids=["concurrency-far", "concurrency-near", "rate", "key-concurrency"],
+)
+def test_a_limited_claim_claims_ahead_only_while_the_limit_is_far(values, taken):
+    for key in "abcdefghij":
+        jobs(10, key)
+    limit(**values)
+    got = [claim_ahead(f"w{i}", limit=40, free=4) for i in range(4)]
+    assert got == taken
+    assert running() == sum(taken)
+
+
 def test_paused_and_unlimited_queues_are_not_locked(cur):
     jobs(2)
     limit(concurrency=1)
@@ -195,7 +228,7 @@ def test_racing_claimers_never_exceed_the_limit():
                 with conn.transaction(), conn.cursor() as cur:
                     if protocol.lock_limited(cur, queues=[QUEUE]):
                         leases = protocol.claim_limited(
-                            cur, owner=owner, queue=QUEUE, limit=3, lease_seconds=30
+                            cur, owner=owner, queue=QUEUE, limit=6, free=2, lease_seconds=30
                         )
                         claimed.extend(lease.id for lease in leases)
                 with conn.transaction(), conn.cursor() as cur:
@@ -253,13 +286,57 @@ def test_the_claim_plan_of_a_limited_queue_is_bounded_by_the_batch(cur):
             protocol.lock_limited(cur, queues=[QUEUE])
             cur.execute(
                 "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + protocol.CLAIM_LIMITED,
-                {"queue": QUEUE, "limit": 10, "owner": "w1", "lease": 30, "isolated": False},
+                {
+                    "queue": QUEUE,
+                    "limit": 10,
+                    "free": 10,
+                    "owner": "w1",
+                    "lease": 30,
+                    "isolated": False,
+                },
             )
             plan = cur.fetchone()[0][0]
             transaction.set_rollback(True)
         top = plan["Plan"]
         buffers = top["Shared Hit Blocks"] + top.get("Shared Read Blocks", 0)
         assert buffers < 2000, heavy_nodes(top)  # The backlog alone is thousands of pages.
+
+
+@pytest.mark.parametrize("values", [{"key_concurrency": 2}, {"fair": True, "key_concurrency": 2}])
+def test_a_keyed_claim_reads_the_running_rows_once_not_once_per_key(cur, values):
+    """Counted per walked key, the running rows were read 1,000 times in a claim of 1,000."""
+    for key in range(40):
+        jobs(3, f"k{key:02}")
+    limit(**values)
+    assert claim_ahead("w1", limit=40, free=40) == 40  # One running job in each key.
+    with transaction.atomic():
+        protocol.lock_limited(cur, queues=[QUEUE])
+        cur.execute(
+            "EXPLAIN (ANALYZE, FORMAT JSON) " + protocol.CLAIM_LIMITED,
+            {
+                "queue": QUEUE,
+                "limit": 40,
+                "free": 40,
+                "owner": "w2",
+                "lease": 30,
+                "isolated": False,
+            },
+        )
+        plan = cur.fetchone()[0][0]["Plan"]
+        transaction.set_rollback(True)
+    reads = running_reads(plan)
+    assert reads, "the claim did not read the running rows"
+    assert all(loops <= 1 for _, loops in reads), reads
+
+
+def running_reads(node, found=None):
+    """(index, loops) of each plan node that reads conveyor_job's running rows."""
+    found = [] if found is None else found
+    if node.get("Index Name") in ("conveyor_job_reap_idx", "conveyor_job_key_running_idx"):
+        found.append((node["Index Name"], node.get("Actual Loops", 0)))
+    for child in node.get("Plans", []):
+        running_reads(child, found)
+    return found
 
 
 def heavy_nodes(node, found=None):

@@ -23,11 +23,12 @@ claim-ahead buffer run empty (about CLAIM_AHEAD_SECONDS of work).
 
 Queues with limits (docs/flow-control.md) are claimed apart: CLAIM leaves
 them out in its SQL, and each step then locks them (LOCK_LIMITED) and runs
-CLAIM_LIMITED for each, in the cycle's transaction, for free slots only: a
-job of a limited queue counts against its limit from its claim, so claiming
-it ahead of a slot would hold capacity another worker could use. Which
-queues are limited is a route the limits service refreshes (`route`); the
-guard is the SQL.
+CLAIM_LIMITED for each, in the cycle's transaction. A job of a limited
+queue counts against its limit from its claim, so a job claimed ahead of a
+slot holds capacity another worker could use: the statement claims ahead
+only while the limit is far, and never under a rate (a claim is a start).
+Which queues are limited is a route the limits service refreshes (`route`);
+the guard is the SQL.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ class ClaimStep:
     limit: int
     if_none_claimed: bool = False  # Run only if the steps before it claimed nothing.
     limit_alone: int | None = None  # The limit once an isolated job was claimed before it.
-    free: int = 0  # Free slots: what limited queues may be claimed for.
+    free: int = 0  # Free slots: what a limited claim fills before it claims ahead.
 
     @property
     def isolated(self) -> bool:
@@ -201,8 +202,10 @@ class Claimer:
             )
         if not self.limited:
             return leases
-        # Free slots only; after an isolated job, nothing beside it (limit_alone).
-        room = min(limit, step.free) - len(leases)
+        # The free slots, and ahead of them while a limit is far (CLAIM_LIMITED's
+        # batch); after an isolated job, nothing beside it (limit_alone).
+        room = limit - len(leases)
+        free = max(0, min(limit, step.free) - len(leases))
         if room <= 0:
             return leases
         for queue in protocol.lock_limited(cur, queues=self.limited):
@@ -213,11 +216,13 @@ class Claimer:
                 owner=self.owner,
                 queue=queue,
                 limit=room,
+                free=free,
                 lease_seconds=self.lease_seconds,
                 isolated=step.isolated,
             )
             leases += found
             room -= len(found)
+            free = max(0, free - len(found))
             if step.isolated and found:
                 break  # One isolated job, alone.
         return leases

@@ -909,8 +909,9 @@ inline crash_worker(w) {
  * jobs i and j (i == j: one) as CLAIM does, each with a new token, within
  * least(batch, concurrency - running, rate - logged) and key_concurrency -
  * running per key, and appends its count to the rate log.  Claims of one
- * queue serialize on its row lock: one step.  Worker 0 claims one job into
- * a free slot or two into both; worker 1 one.                             */
+ * queue serialize on its row lock: one step.  Worker 0 claims one job or
+ * two (its free slots, or one claimed ahead: the batch is the worker's
+ * choice, the limits are the statement's); worker 1 one.                  */
 #define CLAIM_LIMITED_W0(i, j) \
   :: atomic { !frozen[0] && ((i) == (j) -> v_job[1] == NOJOB : v_job[0] == NOJOB) && \
               LIMITED_TAKES(0, i, j) -> \

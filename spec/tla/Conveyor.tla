@@ -608,7 +608,9 @@ ClaimedBatch(w, S, iso) ==
 \* appending its count to the rate log.  Claims of one queue serialize on
 \* the queue's row lock, so the count and the claim are one step.  Which
 \* jobs of the room are taken (priority, the round-robin of 'fair' across
-\* keys) is free here: S is any batch within the limits.  An isolated job of
+\* keys) and how many (the worker's free slots, and jobs claimed ahead of
+\* them while the queue's concurrency is far and it has no rate) are free
+\* here: S is any batch within the limits.  An isolated job of
 \* the queue is taken alone, with CLAIM_ISOLATED's guard.
 CLAIM_LIMITED(w, S) ==
     /\ ~frozen[w]

@@ -329,7 +329,14 @@ def fair_backlog(args: argparse.Namespace, backlog: int) -> dict[str, Any]:
     small_jobs()  # Behind the backlog in claim order.
     sql("VACUUM ANALYZE conveyor_job")
     figures: dict[str, Any] = {"backlog": backlog, "insert_s": insert_s}
-    params = {"queue": QUEUE, "limit": 10, "owner": OWNER, "lease": 30.0, "isolated": False}
+    params = {
+        "queue": QUEUE,
+        "limit": 10,
+        "free": 10,
+        "owner": OWNER,
+        "lease": 30.0,
+        "isolated": False,
+    }
 
     with connect("default") as conn, conn.cursor() as cur:
         # Fairness: claim 10 at a time, completing what was claimed, until every small job ran.
