@@ -1048,14 +1048,16 @@ FOR NO KEY UPDATE
 
 
 LIMITED_QUEUES = f"""
-SELECT q.name FROM conveyor_queue AS q WHERE q.name = ANY(%(queues)s::text[]) AND ({_LIMITED})
+SELECT q.name, q.rate_count IS NOT NULL FROM conveyor_queue AS q
+WHERE q.name = ANY(%(queues)s::text[]) AND ({_LIMITED})
 """
 
 
-def limited_queues(cursor: Cursor, *, queues: Sequence[str]) -> list[str]:
-    """Which of `queues` have limits now (a route for the worker, not a guard)."""
+def limited_queues(cursor: Cursor, *, queues: Sequence[str]) -> dict[str, bool]:
+    """Which of `queues` have limits now, each with whether it has a rate (a route
+    for the worker, not a guard: a rate's queue is claimed for free slots only)."""
     cursor.execute(LIMITED_QUEUES, {"queues": list(queues)})
-    return [row[0] for row in cursor.fetchall()]
+    return {name: rated for name, rated in cursor.fetchall()}
 
 
 # A burst worker that claimed nothing keeps going while jobs of its limited

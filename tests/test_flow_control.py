@@ -9,6 +9,7 @@ import datetime as dt
 import threading
 import time
 
+import psycopg
 import pytest
 from django.db import connection, transaction
 from django.utils import timezone
@@ -16,6 +17,7 @@ from django.utils import timezone
 from django_conveyor import limits, protocol
 from django_conveyor.limits import Limits
 from django_conveyor.models import Job, Queue
+from django_conveyor.worker.claims import Claimer, ClaimStep
 from django_conveyor.worker.connections import connect
 from tests.factories import JobFactory
 
@@ -190,6 +192,43 @@ def test_a_limited_claim_claims_ahead_only_while_the_limit_is_far(values, taken)
     got = [claim_ahead(f"w{i}", limit=40, free=4) for i in range(4)]
     assert got == taken
     assert running() == sum(taken)
+
+
+@pytest.mark.parametrize(
+    "values, free, claimed, locked",
+    [
+        ({"concurrency": 100}, 0, 10, True),  # Claimed ahead with no free slot.
+        ({"rate": "1000/s"}, 0, 0, False),  # Nothing to claim: not even locked.
+        ({"rate": "1000/s"}, 2, 2, True),  # The free slots only.
+    ],
+    ids=["concurrency-ahead", "rate-no-free-slot", "rate-free-slots"],
+)
+def test_a_worker_locks_a_rate_limited_queue_only_for_its_free_slots(values, free, claimed, locked):
+    jobs(20)
+    limit(**values)
+    claimer = Claimer(owner="w1", queues=[QUEUE], concurrency=4, lease_seconds=30, prefetch=None)
+    with connect("default") as conn:
+        claimer.route(*routes(conn))
+        with conn.transaction(), conn.cursor() as cur:
+            leases = claimer.run(cur, ClaimStep(protocol.claim, 10, free=free), 10)
+            with connect("default") as other, other.cursor() as probe:
+                probe.execute("SET lock_timeout = '50ms'")
+                try:
+                    probe.execute(
+                        "SELECT 1 FROM conveyor_queue WHERE name = %s FOR NO KEY UPDATE", [QUEUE]
+                    )
+                    held = False
+                except psycopg.errors.LockNotAvailable:
+                    held = True
+    assert len(leases) == claimed
+    assert held is locked
+
+
+def routes(conn) -> tuple[frozenset[str], frozenset[str]]:
+    """What the limits service routes to the claimer."""
+    with conn.cursor() as cur:
+        limited = protocol.limited_queues(cur, queues=[QUEUE])
+    return frozenset(limited), frozenset(q for q, rated in limited.items() if rated)
 
 
 def test_paused_and_unlimited_queues_are_not_locked(cur):

@@ -81,11 +81,14 @@ class Claimer:
         self.fixed_prefetch = prefetch  # None adapts to job length.
         self.isolated_due = 0.0  # time.monotonic() when a busy worker looks next.
         self.limited: tuple[str, ...] = ()  # Queues claimed by CLAIM_LIMITED (a route).
+        self.ahead: tuple[str, ...] = ()  # Those of them that may be claimed ahead.
         self.free_queues = self.queues  # Queues claimed by CLAIM.
 
-    def route(self, limited: frozenset[str]) -> None:
-        """Which of the worker's queues have limits, as the limits service last read."""
+    def route(self, limited: frozenset[str], rated: frozenset[str] = frozenset()) -> None:
+        """Which of the worker's queues have limits, and which of those a rate (claimed
+        for free slots only), as the limits service last read."""
         self.limited = tuple(q for q in self.queues if q in limited)
+        self.ahead = tuple(q for q in self.limited if q not in rated)
         self.free_queues = tuple(q for q in self.queues if q not in limited)
 
     def statements(self, steps: list[ClaimStep]) -> int:
@@ -206,9 +209,11 @@ class Claimer:
         # batch); after an isolated job, nothing beside it (limit_alone).
         room = limit - len(leases)
         free = max(0, min(limit, step.free) - len(leases))
-        if room <= 0:
+        # With no free slot, a queue with a rate would only be locked to claim nothing.
+        queues = self.limited if free > 0 else self.ahead
+        if room <= 0 or not queues:
             return leases
-        for queue in protocol.lock_limited(cur, queues=self.limited):
+        for queue in protocol.lock_limited(cur, queues=queues):
             if room <= 0:
                 break
             found = protocol.claim_limited(

@@ -36,7 +36,8 @@ class LimitCounts(NamedTuple):
 @dataclass
 class LimitsService:
     queues: Sequence[str]
-    route: Callable[[frozenset[str]], None]  # Claimer.route: the limited queues, now.
+    # Claimer.route: the limited queues now, and those of them with a rate.
+    route: Callable[[frozenset[str], frozenset[str]], None]
     database: str | None = None  # Sync CONVEYOR["QUEUES"] into it before the first pass.
     interval: float = INTERVAL_SECONDS
     name: str = "limits"
@@ -54,7 +55,8 @@ class LimitsService:
                 )  # fmt: skip
             written = counts.written
             self.synced = True
-        self.route(frozenset(protocol.limited_queues(cursor, queues=self.queues)))
+        limited = protocol.limited_queues(cursor, queues=self.queues)
+        self.route(frozenset(limited), frozenset(q for q, rated in limited.items() if rated))
         return LimitCounts(written)
 
     def failed(self) -> None:
