@@ -571,9 +571,13 @@ def _row(job: NewJob, source: NewJob, pending: int, replaced: int = 0) -> tuple[
     arguments and run_after; with its unique key, the count of later calls that
     `replaced` its arguments before it was written."""
     unique = job.unique
-    info = None
+    info = states = None
     if unique is not None:
-        info = _json({**unique.info, "replaced": replaced} if replaced else unique.info)
+        if replaced:
+            info = _json({**unique.info, "replaced": replaced})
+        else:
+            info = unique.info_json or _json(unique.info)
+        states = unique.states_json or _json(list(unique.states))
     return (
         job.task_path,
         _json(source.args) if source.args else "[]",
@@ -591,7 +595,7 @@ def _row(job: NewJob, source: NewJob, pending: int, replaced: int = 0) -> tuple[
         _json(job.meta) if job.meta else None,
         None if unique is None else unique.key,
         None if unique is None else unique.period,
-        None if unique is None else _json(list(unique.states)),
+        states,
         info,
         job.concurrency_key,
     )

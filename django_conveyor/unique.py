@@ -51,6 +51,9 @@ class Unique:
     seconds: int | None = field(init=False, repr=False, compare=False)
     # What the job's row keeps of it (`uniqueness`): the options that are not the defaults.
     info: dict[str, Any] = field(init=False, repr=False, compare=False)
+    # `info` and `states` as JSON, once for every call (a batch may have thousands).
+    info_json: str = field(init=False, repr=False, compare=False)
+    states_json: str = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         parts, function = _by(self.by)
@@ -71,6 +74,8 @@ class Unique:
         if self.replaces:
             info["on_duplicate"] = self.on_duplicate
         object.__setattr__(self, "info", info)
+        object.__setattr__(self, "info_json", _CANONICAL.encode(info))
+        object.__setattr__(self, "states_json", _CANONICAL.encode(self.states))
 
     @property
     def replaces(self) -> bool:
@@ -217,6 +222,8 @@ class UniqueCall:
     states: tuple[str, ...]  # unique_states: the index's predicate reads them.
     replace: bool  # on_duplicate == "replace".
     info: dict[str, Any]  # uniqueness: what the key was made of (Unique.info), and the key.
+    info_json: str | None = None  # `info` as JSON, when it is the Unique's own.
+    states_json: str | None = None  # `states` as JSON.
 
 
 def unique_call(
@@ -228,28 +235,64 @@ def unique_call(
     kwargs: dict[str, Any],
     queue: str,
 ) -> UniqueCall:
-    """The key of one call under `unique`; `args` and `kwargs` after their JSON round trip."""
+    """The key of one call under `unique`; `args` and `kwargs` after their JSON round trip.
+
+    The key is the SHA-256 of the canonical JSON of an object of the parts
+    (`key_material` builds it). Its text is put together here from each
+    part's canonical JSON, in the order of their sorted names, which is the
+    same text (tests/test_unique.py checks it): encoding the whole object
+    for every call cost a batch of unique calls a few microseconds each.
+    """
     parts = unique.parts
-    material: dict[str, Any] = {"task": task_path, "period": unique.seconds}
-    material["states"] = unique.states
+    info, info_json = unique.info, unique.info_json  # Shared unless a callable names the key.
+    text = []
     if "args" in parts:
-        material["args"] = args
-    if "kwargs" in parts:
-        material["kwargs"] = kwargs
-    if "queue" in parts:
-        material["queue"] = queue
-    info = unique.info  # Shared by the calls of one Unique, unless a callable names the key.
+        text.append('"args":' + _CANONICAL.encode(args))
     if unique.key_function is not None:
         value = _key_value(unique.key_function, task_name, args, kwargs)
-        material["key"] = value
-        info = {**info, "key": value}
+        text.append('"key":' + _CANONICAL.encode(value))
+        info, info_json = {**info, "key": value}, None
+    if "kwargs" in parts:
+        text.append('"kwargs":' + _CANONICAL.encode(kwargs))
+    text.append('"period":' + ("null" if unique.seconds is None else str(unique.seconds)))
+    if "queue" in parts:
+        text.append('"queue":' + _CANONICAL.encode(queue))
+    text.append('"states":' + unique.states_json)
+    text.append('"task":' + _CANONICAL.encode(task_path))
     return UniqueCall(
-        key=hashlib.sha256(_CANONICAL.encode(material).encode()).hexdigest(),
+        key=hashlib.sha256(("{" + ",".join(text) + "}").encode()).hexdigest(),
         period=unique.seconds,
         states=unique.states,
         replace=unique.replaces,
         info=info,
+        info_json=info_json,
+        states_json=unique.states_json,
     )
+
+
+def key_material(
+    unique: Unique,
+    *,
+    task_name: str,
+    task_path: str,
+    args: list[Any],
+    kwargs: dict[str, Any],
+    queue: str,
+) -> str:
+    """The text whose SHA-256 is a call's key, encoded as one object: what
+    `unique_call` must reproduce (a key that changed between releases would
+    let a duplicate in beside a job enqueued before the upgrade)."""
+    material: dict[str, Any] = {"task": task_path, "period": unique.seconds}
+    material["states"] = unique.states
+    if "args" in unique.parts:
+        material["args"] = args
+    if "kwargs" in unique.parts:
+        material["kwargs"] = kwargs
+    if "queue" in unique.parts:
+        material["queue"] = queue
+    if unique.key_function is not None:
+        material["key"] = _key_value(unique.key_function, task_name, args, kwargs)
+    return _CANONICAL.encode(material)
 
 
 # One encoder for every key: json.dumps() with options builds a new one per call.

@@ -1,7 +1,9 @@
 """Unique jobs: the option, keys, skip, replace, the index, bulk, requeue (docs/unique-jobs.md)."""
 
 import datetime as dt
+import hashlib
 import io
+import json
 import threading
 from collections import Counter
 
@@ -10,6 +12,8 @@ import pytest
 from django.core.management import call_command
 from django.db import connection, connections, transaction
 from django.test.utils import CaptureQueriesContext
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from django_conveyor import Unique, operations, protocol
 from django_conveyor.compat import InvalidTask
@@ -17,12 +21,31 @@ from django_conveyor.exceptions import IdempotencyKeyReused
 from django_conveyor.models import Job
 from django_conveyor.serialization import loaded
 from django_conveyor.tasks import task
+from django_conveyor.unique import OPTIONAL_STATES, PARTS, key_material, unique_call
 from django_conveyor.worker.connections import connect
 from tests.helpers import direct_dsn, run_burst, wait_until
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
 UNFINISHED = ("blocked", "available", "running")
+# What a call's arguments may hold after their JSON round trip (no NUL, no lone surrogate).
+TEXTS = st.text(
+    st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=6
+)
+JSON_VALUES = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | TEXTS,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(TEXTS, inner, max_size=3),
+    max_leaves=8,
+)
+
+
+def account_of(*args, **kwargs):
+    """A key function: the account a call is for (its first argument), as an object."""
+    return {"z": args[0] if args else None, "é": [1.5, None]}
 
 
 def keyed(key: str) -> list[Job]:
@@ -158,6 +181,46 @@ class TestTheKey:
         with pytest.raises(InvalidTask, match=r"of add\(\) returned is not JSON-serializable"):
             tasks.add.using(unique=odd).enqueue(1, 2)
         assert Job.objects.count() == 0
+
+    @pytest.mark.parametrize(
+        "unique, args, kwargs, queue, key",
+        [
+            (Unique(), [1, 2], {}, "default",
+             "1c8a914f8622ecf744307cf8203e77f950341f3cb4be937f946d4facae109d30"),
+            (Unique(by=["kwargs"]), [1, 2], {"x": "ü"}, "default",
+             "f9f3b16d81d402d74c4f47a5e6f0a960449a77b23d4c71ea77cd2142ef715891"),
+            (Unique(by=[*PARTS, account_of], period=3600,
+                    states=[*UNFINISHED, "completed"], on_duplicate="replace"),
+             [1, "é\"'", {"b": 1, "a": [2.5, None]}], {"z": 1, "to": "a@b"}, "emails",
+             "2936977d5647db62d92e38688b5949c4c4e90488811a5ae3639e370f767d3817"),
+        ],
+    )  # fmt: skip
+    def test_a_key_is_the_same_as_in_the_release_before(self, unique, args, kwargs, queue, key):
+        """A changed key would let a duplicate in beside a job enqueued before an upgrade."""
+        call = unique_call(unique, task_name="add", task_path="tests.testapp.tasks.add",
+                           args=args, kwargs=kwargs, queue=queue)  # fmt: skip
+        assert call.key == key
+
+    @given(
+        args=st.lists(JSON_VALUES, max_size=4),
+        kwargs=st.dictionaries(TEXTS, JSON_VALUES, max_size=4),
+        by=st.lists(st.sampled_from(["args", "kwargs", "queue"]), unique=True),
+        keyed=st.booleans(),
+        period=st.none() | st.integers(1, 10**6),
+        states=st.lists(st.sampled_from(OPTIONAL_STATES), unique=True),
+        queue=TEXTS.filter(bool),
+    )
+    @settings(max_examples=300, deadline=None)
+    def test_a_key_is_the_hash_of_its_parts_as_one_object(
+        self, args, kwargs, by, keyed, period, states, queue
+    ):
+        unique = Unique(by=["task", *by, account_of] if keyed else ["task", *by], period=period,
+                        states=[*UNFINISHED, *states])  # fmt: skip
+        parts = {"unique": unique, "task_name": "add", "task_path": "tests.testapp.tasks.add",
+                 "args": args, "kwargs": kwargs, "queue": queue}  # fmt: skip
+        material = key_material(**parts)
+        assert unique_call(**parts).key == hashlib.sha256(material.encode()).hexdigest()
+        assert json.loads(material)["task"] == "tests.testapp.tasks.add"
 
     def test_period_and_states_are_part_of_the_key(self):
         plain = tasks.add.using(unique=Unique()).enqueue(1, 2)
