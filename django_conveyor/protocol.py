@@ -1308,7 +1308,7 @@ def claim_limited(
         {
             "queue": queue,
             "limit": 1 if isolated else limit,
-            "free": 1 if isolated else min(limit, limit if free is None else free),
+            "free": 1 if isolated else (limit if free is None else min(limit, free)),
             "owner": owner,
             "lease": lease_seconds,
             "isolated": isolated,

@@ -237,11 +237,12 @@ def unique_call(
 ) -> UniqueCall:
     """The key of one call under `unique`; `args` and `kwargs` after their JSON round trip.
 
-    The key is the SHA-256 of the canonical JSON of an object of the parts
-    (`key_material` builds it). Its text is put together here from each
-    part's canonical JSON, in the order of their sorted names, which is the
-    same text (tests/test_unique.py checks it): encoding the whole object
-    for every call cost a batch of unique calls a few microseconds each.
+    The key is the SHA-256 of the canonical JSON of an object of the parts.
+    Its text is put together here from each part's canonical JSON, in the
+    order of their sorted names, which is the same text (tests/test_unique.py
+    checks it against the whole object, and pins keys of the release before):
+    encoding the whole object for every call cost a batch of unique calls a
+    few microseconds each.
     """
     parts = unique.parts
     info, info_json = unique.info, unique.info_json  # Shared unless a callable names the key.
@@ -268,31 +269,6 @@ def unique_call(
         info_json=info_json,
         states_json=unique.states_json,
     )
-
-
-def key_material(
-    unique: Unique,
-    *,
-    task_name: str,
-    task_path: str,
-    args: list[Any],
-    kwargs: dict[str, Any],
-    queue: str,
-) -> str:
-    """The text whose SHA-256 is a call's key, encoded as one object: what
-    `unique_call` must reproduce (a key that changed between releases would
-    let a duplicate in beside a job enqueued before the upgrade)."""
-    material: dict[str, Any] = {"task": task_path, "period": unique.seconds}
-    material["states"] = unique.states
-    if "args" in unique.parts:
-        material["args"] = args
-    if "kwargs" in unique.parts:
-        material["kwargs"] = kwargs
-    if "queue" in unique.parts:
-        material["queue"] = queue
-    if unique.key_function is not None:
-        material["key"] = _key_value(unique.key_function, task_name, args, kwargs)
-    return _CANONICAL.encode(material)
 
 
 # One encoder for every key: json.dumps() with options builds a new one per call.

@@ -19,6 +19,7 @@ from django_conveyor.limits import Limits
 from django_conveyor.models import Job, Queue
 from django_conveyor.worker.claims import Claimer, ClaimStep
 from django_conveyor.worker.connections import connect
+from django_conveyor.worker.services.limits import LimitsService
 from tests.factories import JobFactory
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -208,7 +209,8 @@ def test_a_worker_locks_a_rate_limited_queue_only_for_its_free_slots(values, fre
     limit(**values)
     claimer = Claimer(owner="w1", queues=[QUEUE], concurrency=4, lease_seconds=30, prefetch=None)
     with connect("default") as conn:
-        claimer.route(*routes(conn))
+        with conn.cursor() as cur:
+            LimitsService([QUEUE], claimer.route).run_once(cur)
         with conn.transaction(), conn.cursor() as cur:
             leases = claimer.run(cur, ClaimStep(protocol.claim, 10, free=free), 10)
             with connect("default") as other, other.cursor() as probe:
@@ -222,13 +224,6 @@ def test_a_worker_locks_a_rate_limited_queue_only_for_its_free_slots(values, fre
                     held = True
     assert len(leases) == claimed
     assert held is locked
-
-
-def routes(conn) -> tuple[frozenset[str], frozenset[str]]:
-    """What the limits service routes to the claimer."""
-    with conn.cursor() as cur:
-        limited = protocol.limited_queues(cur, queues=[QUEUE])
-    return frozenset(limited), frozenset(q for q, rated in limited.items() if rated)
 
 
 def test_paused_and_unlimited_queues_are_not_locked(cur):
@@ -325,14 +320,7 @@ def test_the_claim_plan_of_a_limited_queue_is_bounded_by_the_batch(cur):
             protocol.lock_limited(cur, queues=[QUEUE])
             cur.execute(
                 "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + protocol.CLAIM_LIMITED,
-                {
-                    "queue": QUEUE,
-                    "limit": 10,
-                    "free": 10,
-                    "owner": "w1",
-                    "lease": 30,
-                    "isolated": False,
-                },
+                claim_params(10, "w1"),
             )
             plan = cur.fetchone()[0][0]
             transaction.set_rollback(True)
@@ -352,14 +340,7 @@ def test_a_keyed_claim_reads_the_running_rows_once_not_once_per_key(cur, values)
         protocol.lock_limited(cur, queues=[QUEUE])
         cur.execute(
             "EXPLAIN (ANALYZE, FORMAT JSON) " + protocol.CLAIM_LIMITED,
-            {
-                "queue": QUEUE,
-                "limit": 40,
-                "free": 40,
-                "owner": "w2",
-                "lease": 30,
-                "isolated": False,
-            },
+            claim_params(40, "w2"),
         )
         plan = cur.fetchone()[0][0]["Plan"]
         transaction.set_rollback(True)
@@ -376,6 +357,11 @@ def running_reads(node, found=None):
     for child in node.get("Plans", []):
         running_reads(child, found)
     return found
+
+
+def claim_params(n: int, owner: str) -> dict:
+    """CLAIM_LIMITED's parameters for a claim of `n` free slots, for EXPLAIN."""
+    return {"queue": QUEUE, "limit": n, "free": n, "owner": owner, "lease": 30, "isolated": False}
 
 
 def heavy_nodes(node, found=None):

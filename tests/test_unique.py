@@ -21,7 +21,7 @@ from django_conveyor.exceptions import IdempotencyKeyReused
 from django_conveyor.models import Job
 from django_conveyor.serialization import loaded
 from django_conveyor.tasks import task
-from django_conveyor.unique import OPTIONAL_STATES, PARTS, key_material, unique_call
+from django_conveyor.unique import OPTIONAL_STATES, PARTS, unique_call
 from django_conveyor.worker.connections import connect
 from tests.helpers import direct_dsn, run_burst, wait_until
 from tests.testapp import tasks
@@ -41,6 +41,20 @@ JSON_VALUES = st.recursive(
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(TEXTS, inner, max_size=3),
     max_leaves=8,
 )
+
+
+def whole_object(unique, *, task_name, task_path, args, kwargs, queue) -> str:
+    """What a call's key hashes, encoded as one object (the key's definition)."""
+    material = {"task": task_path, "period": unique.seconds, "states": unique.states}
+    if "args" in unique.parts:
+        material["args"] = args
+    if "kwargs" in unique.parts:
+        material["kwargs"] = kwargs
+    if "queue" in unique.parts:
+        material["queue"] = queue
+    if unique.key_function is not None:
+        material["key"] = unique.key_function(*args, **kwargs)
+    return json.dumps(material, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
 def account_of(*args, **kwargs):
@@ -218,7 +232,7 @@ class TestTheKey:
                         states=[*UNFINISHED, *states])  # fmt: skip
         parts = {"unique": unique, "task_name": "add", "task_path": "tests.testapp.tasks.add",
                  "args": args, "kwargs": kwargs, "queue": queue}  # fmt: skip
-        material = key_material(**parts)
+        material = whole_object(**parts)
         assert unique_call(**parts).key == hashlib.sha256(material.encode()).hexdigest()
         assert json.loads(material)["task"] == "tests.testapp.tasks.add"
 
