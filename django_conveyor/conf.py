@@ -38,6 +38,7 @@ DEFAULT_BACKOFF_BASE_SECONDS = 1.0
 DEFAULT_BACKOFF_CAP_SECONDS = 600.0
 DEFAULT_RETENTION_SECONDS = 7 * 24 * 3600.0
 DEFAULT_API_MAX_BODY_BYTES = 64 * 1024
+DEFAULT_VACUUM_DEAD_ROWS = 50_000
 
 SECONDS = (int, float)  # Durations: float seconds, ints accepted (never bool).
 NONE = type(None)
@@ -194,6 +195,12 @@ class ConveyorSettings:
     LISTENER_DSN = Setting["str | None"](
         (str, NONE), None, "a libpq connection string for LISTEN alone, bypassing a pooler."
     )
+    VACUUM_DEAD_ROWS = Setting["int | None"](
+        (int, NONE), DEFAULT_VACUUM_DEAD_ROWS,
+        "dead row versions in conveyor_job past which a worker vacuums it; None leaves it "
+        "to autovacuum alone.",
+        minimum=1000, maximum=MAX_INT,
+    )  # fmt: skip
     RETENTION_SECONDS = _positive_seconds(
         DEFAULT_RETENTION_SECONDS, "how long conveyor_prune keeps finished jobs by default."
     )

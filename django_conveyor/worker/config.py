@@ -81,6 +81,7 @@ class WorkerConfig:
     prefetch: int | None  # None adapts to job length.
     listen: bool
     listener_dsn: str | None
+    vacuum_dead_rows: int | None  # None: autovacuum alone (vacuum.py).
 
     @classmethod
     def resolve(cls, options: WorkerOptions) -> WorkerConfig:
@@ -112,6 +113,7 @@ class WorkerConfig:
             listen=_given(options.listen, settings.LISTEN),
             # The listener DSN reaches CONVEYOR["DATABASE"]; shard workers use their own.
             listener_dsn=settings.LISTENER_DSN if database == settings.DATABASE else None,
+            vacuum_dead_rows=settings.VACUUM_DEAD_ROWS,
         )
 
 

@@ -4,7 +4,7 @@ The control loop owns the worker's database connection and does all of its
 protocol traffic. Each pass:
 
 1. runs the maintenance services that are due: the heartbeat, the reaper,
-   the timeouts, the registry and the cron scheduler (services/; base.py
+   the timeouts, the registry, the cron scheduler and the vacuum (services/; base.py
    says what a service is, and `Timetable` runs the due ones);
 2. runs one cycle: write every pending outcome and claim new work, in one
    transaction (holdings.py holds the attempts and their outcomes,
@@ -50,6 +50,7 @@ from .services.reaper import Reaper
 from .services.registry import Registry, WorkerInfo
 from .services.scheduler import SchedulerService
 from .services.timeouts import Timeouts
+from .services.vacuum import VacuumService
 from .shutdown import StopSignals, exit_process
 from .starts import StartPlan, StartWindow
 
@@ -93,6 +94,11 @@ class Worker:
             leases_held=lambda: len(self.holdings.held),
             interval=config.heartbeat_seconds,
         )
+        self.vacuum = (
+            None
+            if config.vacuum_dead_rows is None
+            else VacuumService(database=config.database, dead_rows=config.vacuum_dead_rows)
+        )
         self.timetable = Timetable(self.services(), self.counters)
         # A listener DSN or poll-only mode means the main DSN may be a pooler.
         self.connection = LoopConnection(
@@ -120,6 +126,8 @@ class Worker:
         ]
         if self.options.cron:
             services.append(SchedulerService(database=self.config.database))
+        if self.vacuum is not None:
+            services.append(self.vacuum)
         return services
 
     # -- lifecycle -----------------------------------------------------------
@@ -152,6 +160,8 @@ class Worker:
             self.drain()
             self.deregister()
         finally:
+            if self.vacuum is not None:
+                self.vacuum.stop()
             self.slots.stop()
             self.reporter.stop()
             self.connection.drop()

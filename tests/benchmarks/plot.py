@@ -167,7 +167,8 @@ def sustained(ax: Axes, doc: dict[str, Any]) -> None:
                 xs = [t for t, _ in run["throughput_series"]]
                 ys = [v for _, v in run["throughput_series"]]
                 ax.plot(xs, ys, color=COLORS.get(name), label=f"{name} jobs/s", lw=1)
-                dead = [(t["t"], t["n_dead_tup"]) for t in run.get("table_samples", [])]
+                samples = run.get("table_samples", [])
+                dead = [(t["t"], t["n_dead_tup"]) for t in samples if "n_dead_tup" in t]
                 if dead:
                     twin.plot(
                         [d[0] for d in dead],

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import json
 import os
 import resource
@@ -516,6 +517,13 @@ def deciles(ends: list[float], first_start: float, n: int) -> dict[str, float]:
     }
 
 
+def each_decile(ends: list[float], first_start: float, n: int) -> list[float]:
+    """Throughput of each tenth of n jobs (by the time they ended), first to last."""
+    k = max(1, n // 10)
+    bounds = [first_start] + [ends[i * k - 1] for i in range(1, 11) if i * k <= n]
+    return [round(k / max(b - a, 1e-6), 1) for a, b in itertools.pairwise(bounds)]
+
+
 def series(ends: list[float], t0: float, bucket_s: float) -> list[tuple[float, float]]:
     """(seconds since t0, jobs/s) per bucket of handler ends."""
     counts: dict[int, int] = {}
@@ -555,9 +563,10 @@ def workload_sustained(run: Run) -> dict[str, Any]:
                 rss.append((round(now - t_start, 1), round(big, 1), round(total_mb, 1)))
                 next_rss = now + 1.0
             if now >= next_table:
-                stats = a.table_stats()
-                if stats:
-                    table.append({"t": round(now - t_start, 1), **stats})
+                # Made but not yet handled: about `backlog` while the workers keep up
+                # with the producer's target, about their claim-ahead when they wait for it.
+                stats = {"unfinished": produced - done, **(a.table_stats() or {})}
+                table.append({"t": round(now - t_start, 1), **stats})
                 next_table = now + 2.0
             if done >= n and produced >= total:
                 break
@@ -579,6 +588,7 @@ def workload_sustained(run: Run) -> dict[str, Any]:
     first_start = min(m[0] for m in marks)
     measured = min(n, len(ends))
     out.update(deciles(ends, first_start, measured))
+    out["decile_jobs_per_s"] = each_decile(ends, first_start, measured)
     stats = a.table_stats()
     if stats:
         table.append({"t": round(time.time() - t_start, 1), **stats})
@@ -597,7 +607,9 @@ def workload_sustained(run: Run) -> dict[str, Any]:
             "rss_mb_at_end": rss[-1][1],
             "rss_growth_mb": round(rss[-1][1] - early[1], 1),
             "table_samples": table[:: max(1, len(table) // 120)],
-            "max_dead_tuples": max((t.get("n_dead_tup", 0) for t in table), default=None),
+            "max_dead_tuples": max(
+                (t["n_dead_tup"] for t in table if "n_dead_tup" in t), default=None
+            ),
             "knobs": run.knobs(),
         }
     )

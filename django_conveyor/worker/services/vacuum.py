@@ -1,0 +1,152 @@
+"""The vacuum service: the job table's dead row versions, removed as the workers go.
+
+Every claim and completion of a job leaves a dead version of its row (none
+can be a HOT update: each changes `state`, which the partial indexes read).
+Autovacuum looks at a database once per `autovacuum_naptime`, a server-wide
+setting (60 s by default) that no table can lower, so a queue draining
+10,000 jobs a second carries more than a million dead versions between its
+passes, and its claims, completions and enqueues slow down as they pile up
+(docs/performance.md, "The job table under a sustained load").
+
+So every CHECK_SECONDS a worker reads the table's count of dead versions on
+its control connection (one call of a statistics function) and, past
+CONVEYOR["VACUUM_DEAD_ROWS"], runs `VACUUM (SKIP_LOCKED) conveyor_job` in a
+thread, on a connection opened for the pass: the control loop never waits
+for it, and a worker holds no extra connection between passes.
+SKIP_LOCKED takes the fleet's passes one at a time without coordination:
+while another worker's pass (or autovacuum's) holds the table, this one
+skips it at once. A vacuum changes nothing any statement can see; stopping
+it midway (a shutdown, a statement_timeout) keeps what it did.
+
+Only the table's owner (or the database's, or a superuser) may vacuum it:
+a worker whose role may not says so once and stops looking. When a pass
+leaves the count past the threshold (a transaction older than the dead
+versions still needs them), the next look waits twice as long, up to
+MAX_WAIT_SECONDS.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from typing import Any, NamedTuple
+
+import psycopg
+
+from ...protocol import Cursor
+from ..connections import connect, one_line
+from .base import Now
+
+logger = logging.getLogger(__name__)
+
+TABLE = "conveyor_job"
+CHECK_SECONDS = 2.0  # How often a worker reads the count of dead versions.
+MAX_WAIT_SECONDS = 60.0  # The longest wait after passes that could not bring it down.
+STOP_SECONDS = 5.0  # How long a stopping worker waits for a cancelled pass to end.
+
+DEAD_ROWS = f"SELECT coalesce(pg_stat_get_dead_tuples(to_regclass('{TABLE}')), 0)"
+
+# What PostgreSQL 14 to 16 let vacuum a table: owning it (or being a member of
+# a role that does), owning the database, or being a superuser (who is a
+# member of every role).
+MAY_VACUUM = f"""
+SELECT pg_has_role(c.relowner, 'USAGE') OR pg_has_role(d.datdba, 'USAGE')
+FROM pg_class AS c, pg_database AS d
+WHERE c.oid = to_regclass('{TABLE}') AND d.datname = current_database()
+"""
+# PostgreSQL 17 adds the MAINTAIN privilege (and the pg_maintain role).
+MAY_VACUUM_17 = f"{MAY_VACUUM.rstrip()} OR has_table_privilege(c.oid, 'MAINTAIN')\n"
+
+VACUUM = f"VACUUM (SKIP_LOCKED) {TABLE}"
+
+
+def may_vacuum(conn: psycopg.Connection) -> bool:
+    """Whether the connection's role may vacuum the job table."""
+    may = MAY_VACUUM_17 if conn.info.server_version >= 170000 else MAY_VACUUM
+    row = conn.execute(may).fetchone()
+    return bool(row and row[0])
+
+
+def dead_rows(cursor: Cursor) -> int:
+    cursor.execute(DEAD_ROWS)
+    return int(cursor.fetchall()[0][0])
+
+
+class VacuumCounts(NamedTuple):
+    vacuum_passes: int = 0  # Passes this look started (0 or 1).
+
+
+class VacuumService:
+    name = "vacuum"
+    while_draining = False
+
+    def __init__(self, *, database: str, dead_rows: int, interval: float = CHECK_SECONDS) -> None:
+        self.database = database
+        self.dead_rows = dead_rows
+        self.interval = interval
+        self.next_due = 0.0  # time.monotonic() of the next look.
+        self.allowed: bool | None = None  # Learnt on the first pass.
+        self.wait = interval
+        self.pass_thread: threading.Thread | None = None
+        self.pass_conn: psycopg.Connection | None = None
+
+    def run_once(self, cursor: Cursor, now: Now) -> VacuumCounts:
+        self.next_due = now.monotonic + self.wait
+        if self.allowed is False or self.running():
+            return VacuumCounts()
+        before = dead_rows(cursor)
+        if before < self.dead_rows:
+            return VacuumCounts()
+        self.pass_thread = threading.Thread(
+            target=self.vacuum, args=(before,), name="conveyor-vacuum", daemon=True
+        )
+        self.pass_thread.start()
+        return VacuumCounts(vacuum_passes=1)
+
+    def running(self) -> bool:
+        return self.pass_thread is not None and self.pass_thread.is_alive()
+
+    def vacuum(self, before: int) -> None:
+        """One pass, on a connection of its own (the pass thread)."""
+        try:
+            with connect(self.database, prepare=False) as conn:
+                self.pass_conn = conn
+                if self.allowed is None:
+                    self.allowed = may_vacuum(conn)
+                    if not self.allowed:
+                        logger.info(
+                            "workers do not vacuum %s: role %s may not (only its owner may); "
+                            "autovacuum alone removes its dead row versions",
+                            TABLE, conn.info.user,
+                        )  # fmt: skip
+                        return
+                started = time.monotonic()
+                conn.execute(VACUUM)
+                after = dead_rows(conn.cursor())
+        except psycopg.Error as exc:
+            logger.warning("vacuum of %s failed (%s)", TABLE, one_line(exc))
+            return
+        finally:
+            self.pass_conn = None
+        # Past the threshold still: what is dead is still needed (a long
+        # transaction?); looking again soon would only repeat the pass.
+        self.wait = (
+            self.interval if after < self.dead_rows else min(self.wait * 2, MAX_WAIT_SECONDS)
+        )
+        self.next_due = time.monotonic() + self.wait
+        logger.debug(
+            "vacuumed %s in %.2fs: %d dead row versions before, %d after; next look in %.0fs",
+            TABLE, time.monotonic() - started, before, after, self.wait,
+        )  # fmt: skip
+
+    def stop(self, timeout: float = STOP_SECONDS) -> None:
+        """Cancel a pass under way (what it did is kept) and wait for its thread."""
+        conn, thread = self.pass_conn, self.pass_thread
+        if conn is not None and not conn.closed:
+            cancel: Any = getattr(conn, "cancel_safe", conn.cancel)
+            with contextlib.suppress(psycopg.Error):
+                cancel()
+        if thread is not None:
+            thread.join(timeout)
