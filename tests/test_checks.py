@@ -132,6 +132,7 @@ def test_maximums_are_declared():
         "MAX_ATTEMPTS": 2**31 - 1,
         "PREFETCH": 2**31 - 1,
         "SEARCH_SCAN_ROWS": 2**31 - 1,
+        "VACUUM_DEAD_ROWS": 2**31 - 1,
     }
     with override_settings(CONVEYOR={"MAX_ATTEMPTS": 2**31}):
         assert errors(check_settings) == [
@@ -169,6 +170,7 @@ def test_bounds_are_declared_not_read_from_key_names():
         "RETENTION_SECONDS": (0, True),
         "API_MAX_BODY_BYTES": (1, False),
         "SEARCH_SCAN_ROWS": (1000, False),
+        "VACUUM_DEAD_ROWS": (1000, False),
     }
     ids = {s.name: s.bound_id for s in BOUNDED}
     assert ids == dict.fromkeys(bounds, "conveyor.E004") | {"API_MAX_BODY_BYTES": "conveyor.E032"}
@@ -211,6 +213,7 @@ def test_defaults_are_the_documented_ones():
             "SEARCH_SCAN_ROWS": 25000,
             "SHUTDOWN_TIMEOUT_SECONDS": 30.0,
             "TRACING": True,
+            "VACUUM_DEAD_ROWS": 50000,
         }
 
 
