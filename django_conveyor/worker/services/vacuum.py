@@ -60,6 +60,7 @@ WHERE c.oid = to_regclass('{TABLE}') AND d.datname = current_database()
 MAY_VACUUM_17 = f"{MAY_VACUUM.rstrip()} OR has_table_privilege(c.oid, 'MAINTAIN')\n"
 
 VACUUM = f"VACUUM (SKIP_LOCKED) {TABLE}"
+LOCK_NOT_AVAILABLE = "55P03"  # SKIP_LOCKED's warning: another pass holds the table.
 
 
 def may_vacuum(conn: psycopg.Connection) -> bool:
@@ -110,6 +111,8 @@ class VacuumService:
 
     def vacuum(self, before: int) -> None:
         """One pass, on a connection of its own (the pass thread)."""
+        skipped: list[str] = []
+        started = time.monotonic()
         try:
             with connect(self.database, prepare=False) as conn:
                 self.pass_conn = conn
@@ -122,24 +125,36 @@ class VacuumService:
                             TABLE, conn.info.user,
                         )  # fmt: skip
                         return
-                started = time.monotonic()
+
+                def on_notice(notice: psycopg.errors.Diagnostic) -> None:
+                    if notice.sqlstate == LOCK_NOT_AVAILABLE:
+                        skipped.append(notice.message_primary or "")
+
+                conn.add_notice_handler(on_notice)
                 conn.execute(VACUUM)
                 after = dead_rows(conn.cursor())
         except psycopg.Error as exc:
-            logger.warning("vacuum of %s failed (%s)", TABLE, one_line(exc))
+            self.look_later(longer=True)
+            logger.warning(
+                "vacuum of %s failed (%s); next look in %.0fs", TABLE, one_line(exc), self.wait
+            )
             return
         finally:
             self.pass_conn = None
         # Past the threshold still: what is dead is still needed (a long
-        # transaction?); looking again soon would only repeat the pass.
-        self.wait = (
-            self.interval if after < self.dead_rows else min(self.wait * 2, MAX_WAIT_SECONDS)
-        )
-        self.next_due = time.monotonic() + self.wait
+        # transaction?), or another pass holds the table; looking again soon
+        # would only repeat this.
+        self.look_later(longer=after >= self.dead_rows)
         logger.debug(
-            "vacuumed %s in %.2fs: %d dead row versions before, %d after; next look in %.0fs",
+            "%s %s in %.2fs: %d dead row versions before, %d after; next look in %.0fs",
+            "skipped (another pass holds it)" if skipped else "vacuumed",
             TABLE, time.monotonic() - started, before, after, self.wait,
         )  # fmt: skip
+
+    def look_later(self, *, longer: bool) -> None:
+        """The next look: after twice the last wait (up to MAX_WAIT_SECONDS), or as usual."""
+        self.wait = min(self.wait * 2, MAX_WAIT_SECONDS) if longer else self.interval
+        self.next_due = time.monotonic() + self.wait
 
     def stop(self, timeout: float = STOP_SECONDS) -> None:
         """Cancel a pass under way (what it did is kept) and wait for its thread."""
