@@ -12,23 +12,28 @@ So every CHECK_SECONDS a worker reads the table's count of dead versions on
 its control connection (one call of a statistics function) and, past
 CONVEYOR["VACUUM_DEAD_ROWS"], runs `VACUUM (SKIP_LOCKED) conveyor_job` in a
 thread, on a connection opened for the pass: the control loop never waits
-for it, and a worker holds no extra connection between passes.
-SKIP_LOCKED takes the fleet's passes one at a time without coordination:
-while another worker's pass (or autovacuum's) holds the table, this one
-skips it at once. A vacuum changes nothing any statement can see; stopping
-it midway (a shutdown, a statement_timeout) keeps what it did.
+for it, and a worker holds no extra connection between passes. A vacuum
+changes nothing any statement can see; stopping it midway (a shutdown, a
+statement_timeout) keeps what it did.
+
+The fleet's passes go one at a time without coordination: a worker that
+sees a pass of its role under way (`pg_stat_progress_vacuum`) does not
+start one, and SKIP_LOCKED makes a pass that still meets another (or
+autovacuum's) skip the table at once. Looks are jittered by a quarter, so
+that workers started together do not look together.
 
 Only the table's owner (or the database's, or a superuser) may vacuum it:
 a worker whose role may not says so once and stops looking. When a pass
 leaves the count past the threshold (a transaction older than the dead
-versions still needs them), the next look waits twice as long, up to
-MAX_WAIT_SECONDS.
+versions still needs them, or another pass held the table), or fails, the
+next look waits twice as long, up to MAX_WAIT_SECONDS.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import random
 import threading
 import time
 from typing import Any, NamedTuple
@@ -47,6 +52,12 @@ MAX_WAIT_SECONDS = 60.0  # The longest wait after passes that could not bring it
 STOP_SECONDS = 5.0  # How long a stopping worker waits for a cancelled pass to end.
 
 DEAD_ROWS = f"SELECT coalesce(pg_stat_get_dead_tuples(to_regclass('{TABLE}')), 0)"
+# A look: the count, and whether a pass of this role is under way already (the
+# progress of other roles' passes, autovacuum's among them, is hidden from it).
+LOOK = f"""
+SELECT coalesce(pg_stat_get_dead_tuples(to_regclass('{TABLE}')), 0),
+       EXISTS (SELECT 1 FROM pg_stat_progress_vacuum WHERE relid = to_regclass('{TABLE}'))
+"""
 
 # What PostgreSQL 14 to 16 let vacuum a table: owning it (or being a member of
 # a role that does), owning the database, or being a superuser (who is a
@@ -75,6 +86,11 @@ def dead_rows(cursor: Cursor) -> int:
     return int(cursor.fetchall()[0][0])
 
 
+def jittered(seconds: float) -> float:
+    """A wait give or take a quarter, so that workers started together do not look together."""
+    return seconds * random.uniform(0.75, 1.25)
+
+
 class VacuumCounts(NamedTuple):
     vacuum_passes: int = 0  # Passes this look started (0 or 1).
 
@@ -94,11 +110,12 @@ class VacuumService:
         self.pass_conn: psycopg.Connection | None = None
 
     def run_once(self, cursor: Cursor, now: Now) -> VacuumCounts:
-        self.next_due = now.monotonic + self.wait
+        self.next_due = now.monotonic + jittered(self.wait)
         if self.allowed is False or self.running():
             return VacuumCounts()
-        before = dead_rows(cursor)
-        if before < self.dead_rows:
+        cursor.execute(LOOK)
+        ((before, under_way),) = cursor.fetchall()
+        if before < self.dead_rows or under_way:  # A fleet's passes, one at a time.
             return VacuumCounts()
         self.pass_thread = threading.Thread(
             target=self.vacuum, args=(before,), name="conveyor-vacuum", daemon=True
@@ -154,7 +171,7 @@ class VacuumService:
     def look_later(self, *, longer: bool) -> None:
         """The next look: after twice the last wait (up to MAX_WAIT_SECONDS), or as usual."""
         self.wait = min(self.wait * 2, MAX_WAIT_SECONDS) if longer else self.interval
-        self.next_due = time.monotonic() + self.wait
+        self.next_due = time.monotonic() + jittered(self.wait)
 
     def stop(self, timeout: float = STOP_SECONDS) -> None:
         """Cancel a pass under way (what it did is kept) and wait for its thread."""
