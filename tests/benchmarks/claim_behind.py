@@ -1,20 +1,32 @@
 """What a claim costs behind ready rows of a queue the worker does not serve.
 
     python tests/benchmarks/claim_behind.py [--behind 1000000] [--own 20000] [--limit 100]
-                                            [--calls 7] [--out DIR]
+                                            [--calls 7] [--spread 0] [--out DIR]
+
+    python tests/benchmarks/claim_behind.py --out docs/results
+    python tests/benchmarks/claim_behind.py --behind 0 --limit 1000 --out docs/results
+    python tests/benchmarks/claim_behind.py --behind 0 --spread 100 --out docs/results
 
 Runs against the tests' PostgreSQL (DATABASE_URL, else the embedded server in
 var/), in a database of its own (`conveyor_claim_behind_bench`, recreated
 each run). `--behind` ready jobs of the queue "other", due an hour ago, sort
-ahead of `--own` ready jobs of "default" in claim order (priority, then
-run_after, then id). Then CLAIM of `--limit` jobs runs `--calls` times for a
-worker of "default" alone and for a worker of "default" and "emails", each
-in a transaction rolled back (so every call sees the same rows), on a
-connection that prepares statements as the worker's does.
+ahead of `--own` ready jobs of "default" and as many of "emails" in claim
+order (priority, then run_after, then id). Then CLAIM of `--limit` jobs
+runs `--calls` times for a worker of "default" alone and for a worker of
+"default" and "emails", each in a transaction rolled back (so every call
+sees the same rows), on a connection that prepares statements as the
+worker's does.
 
 A worker of one queue reads the queue-led claim index from its own rows on;
 a worker of several reads the claim index in claim order and filters by
-queue, so it passes every row of "other" on each claim. Prints one JSON
+queue, so it passes every row of "other" on each claim. The same worker of
+two queues then runs a candidate, not shipped (`merged_claim`): the first
+`limit` rows of its queues read without locks as a merge of one ordered
+range of the queue-led index per queue (UNION ALL, which PostgreSQL merges
+lazily), then each queue's share of them locked `FOR UPDATE SKIP LOCKED`
+from the same index; the script checks that it claims the same jobs in the
+same order. `--spread K` adds `--own` ready jobs spread over K more queues,
+due first, and a worker of all K, by CLAIM and by the candidate. Prints one JSON
 document (and writes it to --out). Not a timed test: compare runs of one
 machine.
 """
@@ -27,6 +39,7 @@ import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -35,6 +48,16 @@ sys.path.insert(0, str(REPO))
 import scratch  # noqa: E402  (beside this script)
 
 DB_NAME = "conveyor_claim_behind_bench"
+CANDIDATE = "(candidate, not shipped)"
+# --spread K: `own` more ready jobs over the queues s0 ... s(K-1), due before
+# every other job, so that nothing of another queue is ahead of them.
+SPREAD = """
+INSERT INTO conveyor_job (task_path, args, kwargs, queue, backend, priority, state, attempt,
+                          max_attempts, run_after, lease_version, errors, enqueued_at)
+SELECT 'tests.testapp.tasks.noop', '[]', '{}', 's' || (g %% %s), 'default', 0, 'available', 0, 5,
+       now() - interval '2 hours', 0, '[]', now()
+FROM generate_series(1, %s) AS g
+"""
 INSERT = """
 INSERT INTO conveyor_job (task_path, args, kwargs, queue, backend, priority, state, attempt,
                           max_attempts, run_after, lease_version, errors, enqueued_at)
@@ -44,19 +67,54 @@ FROM generate_series(1, %s)
 """
 
 
-def claim_ms(conn: object, queues: list[str], limit: int, calls: int) -> list[float]:
+def merged_claim(queues: int) -> str:
+    """The candidate: CLAIM for a worker of `queues` queues, one index range per queue."""
     from django_conveyor import protocol
 
-    times = []
+    def branch(i: int) -> str:
+        queue = f"(%(queues)s::text[])[{i}]"
+        return f"""(SELECT queue, priority, run_after, id FROM conveyor_job
+        WHERE state = 'available' AND run_after <= now() AND queue = {queue} AND NOT isolated
+          AND NOT EXISTS (SELECT 1 FROM conveyor_queue AS q
+                          WHERE q.name = {queue} AND (q.paused OR {protocol._LIMITED}))
+        ORDER BY priority DESC, run_after, id LIMIT %(limit)s)"""
+
+    union = "\n    UNION ALL\n    ".join(branch(i) for i in range(1, queues + 1))
+    return f"""
+WITH ahead AS (
+    {union}
+    ORDER BY priority DESC, run_after, id
+    LIMIT %(limit)s
+), share AS (
+    SELECT queue, count(*) AS n FROM ahead GROUP BY queue
+), picked AS (
+    SELECT p.id FROM share CROSS JOIN LATERAL (
+        SELECT id FROM conveyor_job
+        WHERE state = 'available' AND run_after <= now() AND queue = share.queue AND NOT isolated
+        ORDER BY priority DESC, run_after, id
+        LIMIT share.n
+        FOR UPDATE SKIP LOCKED
+    ) AS p
+), {protocol._claimed("now()")}
+{protocol._LEASE_OF_CLAIMED}"""
+
+
+def claim_ms(
+    conn: Any, queues: list[str], limit: int, calls: int, sql: str | None = None
+) -> tuple[list[float], list[int]]:
+    """Milliseconds of each call, and the ids the last one claimed, in order."""
+    from django_conveyor import protocol
+
+    times, ids = [], []
+    params = {"queues": queues, "limit": limit, "owner": "bench", "lease": 30.0}
     for _ in range(calls):
         started = time.perf_counter()
-        claimed = protocol.claim(
-            conn.cursor(), owner="bench", queues=queues, limit=limit, lease_seconds=30.0
-        )
+        rows = conn.execute(sql or protocol.CLAIM, params).fetchall()
         times.append((time.perf_counter() - started) * 1000)
         conn.rollback()
-        assert len(claimed) == limit, f"{queues}: claimed {len(claimed)} of {limit}"
-    return times
+        assert len(rows) == limit, f"{queues}: claimed {len(rows)} of {limit}"
+        ids = [row[0] for row in rows]
+    return times, ids
 
 
 def main() -> int:
@@ -65,7 +123,10 @@ def main() -> int:
     parser.add_argument("--own", type=int, default=20_000, help="ready jobs of 'default'")
     parser.add_argument("--limit", type=int, default=100, help="jobs per claim")
     parser.add_argument("--calls", type=int, default=7, help="claims per worker kind")
-    parser.add_argument("--out", type=Path, help="folder for claim-behind-<date>.json")
+    parser.add_argument(
+        "--spread", type=int, default=0, help="also K queues of --own ready jobs, one worker of all"
+    )
+    parser.add_argument("--out", type=Path, help="folder for claim-behind-B-limit-L-<date>.json")
     args = parser.parse_args()
 
     scratch.setup_django(DB_NAME)
@@ -78,16 +139,29 @@ def main() -> int:
     with connect("default") as conn:
         conn.execute(INSERT, ["other", 3600, args.behind])
         conn.execute(INSERT, ["default", 0, args.own])
+        conn.execute(INSERT, ["emails", 10, args.own])
+        if args.spread:
+            conn.execute(SPREAD, [args.spread, args.own])
         conn.execute("VACUUM ANALYZE conveyor_job")
-    figures = {}
+    two = ["default", "emails"]
+    runs = [("default", ["default"], None), ("default,emails", two, None)]
+    runs.append((f"default,emails {CANDIDATE}", two, merged_claim(len(two))))
+    if args.spread:
+        many = [f"s{i}" for i in range(args.spread)]
+        runs.append((f"{args.spread} queues", many, None))
+        runs.append((f"{args.spread} queues {CANDIDATE}", many, merged_claim(len(many))))
+    figures, claimed = {}, {}
     with connect("default") as conn:
         conn.autocommit = False
-        for queues in (["default"], ["default", "emails"]):
-            times = claim_ms(conn, queues, args.limit, args.calls)
-            figures[",".join(queues)] = {
+        for name, queues, sql in runs:
+            times, claimed[name] = claim_ms(conn, queues, args.limit, args.calls, sql)
+            figures[name] = {
                 "claim_ms": [round(t, 2) for t in times],
                 "median_ms_after_the_first": round(statistics.median(times[1:]), 2),
             }
+    for name, _, sql in runs:
+        if sql is not None:  # The candidate claims what CLAIM claims, in its order.
+            assert claimed[name] == claimed[name.removesuffix(f" {CANDIDATE}")], name
     scratch.drop(DB_NAME)
     result = {
         "what": "CLAIM behind ready rows of a queue the worker does not serve",
@@ -95,9 +169,11 @@ def main() -> int:
         "behind": args.behind,
         "own": args.own,
         "limit": args.limit,
+        "spread": args.spread,
         "workers": figures,
     }
-    scratch.report(result, args.out, "claim-behind")
+    stem = f"claim-behind-{args.behind}-limit-{args.limit}"
+    scratch.report(result, args.out, stem + (f"-spread-{args.spread}" if args.spread else ""))
     return 0
 
 
