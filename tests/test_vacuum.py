@@ -144,6 +144,17 @@ def test_a_pass_another_holds_the_table_for_is_skipped_and_waits_longer(caplog):
     wait_until(lambda: table_stats()[0] == passes_before + 1)
 
 
+def test_a_pass_that_fails_is_said_and_waits_longer(caplog):
+    """Its thread has no loop above it: the failure is logged there, and backs off."""
+    make_dead_versions(2000)
+    wait_until(lambda: dead_at_least(2000))
+    service = VacuumService(database="no-such-alias", dead_rows=1000, interval=0.5)
+    with caplog.at_level("WARNING", "django_conveyor"):
+        assert look(service) == VacuumCounts(vacuum_passes=1)
+    assert service.wait == 1.0
+    assert "vacuum of conveyor_job failed (ConnectionDoesNotExist" in caplog.text
+
+
 @pytest.fixture
 def guest():
     with connection.cursor() as cur:

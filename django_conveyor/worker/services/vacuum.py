@@ -150,11 +150,12 @@ class VacuumService:
                 conn.add_notice_handler(on_notice)
                 conn.execute(VACUUM)
                 after = dead_rows(conn.cursor())
-        except psycopg.Error as exc:
+        except Exception as exc:  # A thread of its own: nothing above it would say why.
             self.look_later(longer=True)
             logger.warning(
-                "vacuum of %s failed (%s); next look in %.0fs", TABLE, one_line(exc), self.wait
-            )
+                "vacuum of %s failed (%s: %s); next look in %.0fs",
+                TABLE, type(exc).__name__, one_line(exc), self.wait,
+            )  # fmt: skip
             return
         finally:
             self.pass_conn = None
