@@ -49,22 +49,19 @@ import scratch  # noqa: E402  (beside this script)
 
 DB_NAME = "conveyor_claim_behind_bench"
 CANDIDATE = "(candidate, not shipped)"
-# --spread K: `own` more ready jobs over the queues s0 ... s(K-1), due before
-# every other job, so that nothing of another queue is ahead of them.
-SPREAD = """
+# `count` ready jobs of the queue {queue} (SQL: a parameter, or an expression
+# of the row number g), due `secs` seconds ago.
+READY = """
 INSERT INTO conveyor_job (task_path, args, kwargs, queue, backend, priority, state, attempt,
                           max_attempts, run_after, lease_version, errors, enqueued_at)
-SELECT 'tests.testapp.tasks.noop', '[]', '{}', 's' || (g %% %s), 'default', 0, 'available', 0, 5,
-       now() - interval '2 hours', 0, '[]', now()
+SELECT 'tests.testapp.tasks.noop', '[]', '{{}}', {queue}, 'default', 0, 'available', 0, 5,
+       now() - make_interval(secs => %s), 0, '[]', now()
 FROM generate_series(1, %s) AS g
 """
-INSERT = """
-INSERT INTO conveyor_job (task_path, args, kwargs, queue, backend, priority, state, attempt,
-                          max_attempts, run_after, lease_version, errors, enqueued_at)
-SELECT 'tests.testapp.tasks.noop', '[]', '{}', %s, 'default', 0, 'available', 0, 5,
-       now() - make_interval(secs => %s), 0, '[]', now()
-FROM generate_series(1, %s)
-"""
+INSERT = READY.format(queue="%s")  # [queue, secs, count]
+# --spread K: over the queues s0 ... s(K-1), due before every other job, so
+# that nothing of another queue is ahead of them. [K, secs, count]
+SPREAD = READY.format(queue="'s' || (g %% %s)")
 
 
 def merged_claim(queues: int) -> str:
@@ -141,7 +138,7 @@ def main() -> int:
         conn.execute(INSERT, ["default", 0, args.own])
         conn.execute(INSERT, ["emails", 10, args.own])
         if args.spread:
-            conn.execute(SPREAD, [args.spread, args.own])
+            conn.execute(SPREAD, [args.spread, 7200, args.own])
         conn.execute("VACUUM ANALYZE conveyor_job")
     two = ["default", "emails"]
     runs = [("default", ["default"], None), ("default,emails", two, None)]

@@ -51,11 +51,12 @@ CHECK_SECONDS = 2.0  # How often a worker reads the count of dead versions.
 MAX_WAIT_SECONDS = 60.0  # The longest wait after passes that could not bring it down.
 STOP_SECONDS = 5.0  # How long a stopping worker waits for a cancelled pass to end.
 
-DEAD_ROWS = f"SELECT coalesce(pg_stat_get_dead_tuples(to_regclass('{TABLE}')), 0)"
+_DEAD = f"coalesce(pg_stat_get_dead_tuples(to_regclass('{TABLE}')), 0)"
+DEAD_ROWS = f"SELECT {_DEAD}"
 # A look: the count, and whether a pass of this role is under way already (the
 # progress of other roles' passes, autovacuum's among them, is hidden from it).
 LOOK = f"""
-SELECT coalesce(pg_stat_get_dead_tuples(to_regclass('{TABLE}')), 0),
+SELECT {_DEAD},
        EXISTS (SELECT 1 FROM pg_stat_progress_vacuum WHERE relid = to_regclass('{TABLE}'))
 """
 
