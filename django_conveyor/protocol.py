@@ -112,6 +112,7 @@ the end, names them for `tests/test_spec_names.py`.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Iterable, Sequence
@@ -953,6 +954,14 @@ _LIMITED = (
 )
 
 
+# The worker's queues that CLAIM may take from: not paused, without limits.
+_CLAIMABLE = f"""ARRAY(
+          SELECT s.name FROM unnest(%(queues)s::text[]) AS s(name)
+          WHERE NOT EXISTS (
+              SELECT 1 FROM conveyor_queue AS q WHERE q.name = s.name AND (q.paused OR {_LIMITED}))
+      )"""
+
+
 def _claim(which: str, limit: str) -> str:
     """A claim statement: pick ready rows (`which` of them, up to `limit`), give each a token."""
     return f"""
@@ -960,11 +969,7 @@ WITH picked AS (
     SELECT id FROM conveyor_job
     WHERE state = 'available'
       AND run_after <= now()
-      AND queue = ANY(ARRAY(
-          SELECT s.name FROM unnest(%(queues)s::text[]) AS s(name)
-          WHERE NOT EXISTS (
-              SELECT 1 FROM conveyor_queue AS q WHERE q.name = s.name AND (q.paused OR {_LIMITED}))
-      ))
+      AND queue = ANY({_CLAIMABLE})
       AND (cardinality(%(queues)s::text[]) <> 1 OR queue = (%(queues)s::text[])[1])
       AND {which}
     ORDER BY priority DESC, run_after, id
@@ -979,25 +984,124 @@ WITH picked AS (
 CLAIM = _claim("NOT isolated", "%(limit)s")
 
 
+# CLAIM for a worker of a few queues behind other queues' rows: the same rows,
+# in the same order, read from one range of conveyor_job_claim_queue_idx per
+# queue. CLAIM walks conveyor_job_claim_idx in claim order and filters by
+# queue, so the ready rows of every queue it does not serve (or no longer
+# does: paused, limited) that sort ahead of its own are passed on every
+# claim: 10^6 of them made a claim of 100 jobs 80 times as long
+# (tests/benchmarks/claim_behind.py).
+# - `ahead`: the first `limit` ready rows of the worker's queues, without
+#   locks, as a merge of one ordered branch per queue (PostgreSQL merges
+#   UNION ALL branches lazily: it reads about `limit` rows in all); a paused
+#   or limited queue's branch is cut by a one-time filter;
+# - `picked`: each queue's share of those, locked FOR UPDATE SKIP LOCKED from
+#   its own range, so the claim locks no more rows than it takes, and a row
+#   another claimer holds is passed for the next one of the same queue.
+# Its cost is fixed per claim (planning, and an index descent and a
+# conveyor_queue probe per branch), several times CLAIM's when nothing is
+# ahead, so a worker sends it only while its claim order service sees other
+# queues' rows ahead (PASSED_AHEAD), and only for a few queues. It is sent
+# unprepared (a generic plan, blind to which queue each branch reads, walks
+# the claim index again) after JIT_OFF: the share's unknown LIMIT makes its
+# estimate pass jit_above_cost, and compiling took 26 ms of a 27 ms claim.
+MERGED_CLAIM_QUEUES = 8
+_MERGED_BRANCH = """(SELECT queue, priority, run_after, id FROM conveyor_job
+        WHERE state = 'available' AND run_after <= now() AND queue = {queue} AND NOT isolated
+          AND NOT EXISTS (SELECT 1 FROM conveyor_queue AS q
+                          WHERE q.name = {queue} AND (q.paused OR {limited}))
+        ORDER BY priority DESC, run_after, id LIMIT %(limit)s)"""
+CLAIM_MERGED = f"""
+WITH ahead AS (
+    {{branches}}
+    ORDER BY priority DESC, run_after, id
+    LIMIT %(limit)s
+), share AS (
+    SELECT queue, count(*) AS n FROM ahead GROUP BY queue
+), picked AS (
+    SELECT p.id FROM share CROSS JOIN LATERAL (
+        SELECT id FROM conveyor_job
+        WHERE state = 'available' AND run_after <= now() AND queue = share.queue AND NOT isolated
+        ORDER BY priority DESC, run_after, id
+        LIMIT share.n
+        FOR UPDATE SKIP LOCKED
+    ) AS p
+), {_claimed("now()")}
+{_LEASE_OF_CLAIMED}"""
+# How many of the first %(scan)s ready rows in claim order (conveyor_job_claim_idx,
+# as CLAIM reads it) CLAIM would pass for a worker of %(queues)s: rows of
+# other queues, or of its paused or limited ones. Read with JIT off, as a
+# scan this long may pass jit_above_cost.
+PASSED_AHEAD = f"""
+SELECT count(*) FILTER (WHERE NOT (head.queue = ANY({_CLAIMABLE})))::int
+FROM (SELECT queue FROM conveyor_job
+      WHERE state = 'available' AND run_after <= now() AND NOT isolated
+      ORDER BY priority DESC, run_after, id
+      LIMIT %(scan)s) AS head
+"""
+# JIT compilation off until the transaction ends (set_config's `true`).
+JIT_OFF = "SELECT set_config('jit', 'off', true)"
+
+
+@functools.cache
+def claim_merged(queues: int) -> str:
+    """CLAIM_MERGED for a worker of `queues` queues (the %(queues)s array's length)."""
+    branches = "\n    UNION ALL\n    ".join(
+        _MERGED_BRANCH.format(queue=f"(%(queues)s::text[])[{i}]", limited=_LIMITED)
+        for i in range(1, queues + 1)
+    )
+    return CLAIM_MERGED.replace("{branches}", branches)
+
+
 def claim(
-    cursor: Cursor, *, owner: str, queues: Sequence[str], limit: int, lease_seconds: float
+    cursor: Cursor,
+    *,
+    owner: str,
+    queues: Sequence[str],
+    limit: int,
+    lease_seconds: float,
+    merged: bool = False,
 ) -> list[Lease]:
     """Take up to `limit` ready jobs, each with a new fencing token.
 
     Guard: available, due, in `queues`, not in a paused queue, not isolated,
     and not locked by another claimer. Zero rows means nothing is ready.
+    `merged`: as CLAIM_MERGED (two statements: the caller's transaction).
     """
-    send_claim(cursor, owner=owner, queues=queues, limit=limit, lease_seconds=lease_seconds)
+    send_claim(
+        cursor,
+        owner=owner,
+        queues=queues,
+        limit=limit,
+        lease_seconds=lease_seconds,
+        merged=merged,
+    )
     return claimed_leases(cursor)
 
 
 def send_claim(
-    cursor: Cursor, *, owner: str, queues: Sequence[str], limit: int, lease_seconds: float
+    cursor: Cursor,
+    *,
+    owner: str,
+    queues: Sequence[str],
+    limit: int,
+    lease_seconds: float,
+    merged: bool = False,
 ) -> None:
     """CLAIM, its result not read yet (a pipeline reads it later: `claimed_leases`)."""
-    cursor.execute(
-        CLAIM, {"queues": list(queues), "limit": limit, "owner": owner, "lease": lease_seconds}
-    )
+    params = {"queues": list(queues), "limit": limit, "owner": owner, "lease": lease_seconds}
+    if merged and 1 < len(queues) <= MERGED_CLAIM_QUEUES:
+        cursor.execute(JIT_OFF)
+        cursor.execute(claim_merged(len(queues)), params, prepare=False)
+    else:
+        cursor.execute(CLAIM, params)
+
+
+def passed_ahead(cursor: Cursor, *, queues: Sequence[str], scan: int) -> int:
+    """PASSED_AHEAD: of the first `scan` ready rows in claim order, those CLAIM passes."""
+    cursor.execute(PASSED_AHEAD, {"queues": list(queues), "scan": scan})
+    row = cursor.fetchone()
+    return int(row[0]) if row else 0
 
 
 def claimed_leases(cursor: Cursor) -> list[Lease]:
@@ -2628,8 +2732,9 @@ ACTIONS = {
 }
 
 # Statements that are another text of an action above: the same rows written,
-# the same guard, for another shape of input (tests/test_enqueue_forms.py).
-FORMS = {"ENQUEUE_ONE": "ENQUEUE"}
+# the same guard, for another shape of input or another index to read
+# (tests/test_enqueue_forms.py, tests/test_plans.py's merged claim).
+FORMS = {"ENQUEUE_ONE": "ENQUEUE", "CLAIM_MERGED": "CLAIM"}
 
 
 __all__ = ["ACTIONS", "GateEnded", "JobState", "Lease", "NewJob", "Reaped", "Renewed"]

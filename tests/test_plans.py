@@ -108,3 +108,49 @@ class TestClaimPlan:
         assert_cost_follows_the_batch(plan)
         scans = [n for n in nodes(plan) if n.get("Index Name") == "conveyor_job_claim_queue_idx"]
         assert scans and "queue" in scans[0].get("Index Cond", ""), scans
+
+
+class TestMergedClaimPlan:
+    """A worker behind other queues' rows claims from one range of the queue-led index
+    per queue (CLAIM_MERGED)."""
+
+    def merged_plan(self, queues: list[str], limit: int = 50) -> dict:
+        params = {"queues": queues, "limit": limit, "owner": "w", "lease": 30.0}
+        return explain(protocol.claim_merged(len(queues)), params)
+
+    def test_ready_rows_of_other_queues_ahead_are_not_walked(self):
+        fill(READY_ROWS, queue="backlog", age="2 hours")
+        fill(1_000)
+        fill(1_000, queue="emails", age="30 minutes")
+        plan = self.merged_plan(["default", "emails"])
+        assert_cost_follows_the_batch(plan)
+        scans = [n for n in nodes(plan) if n.get("Node Type") == "Index Scan"]
+        used = {n.get("Index Name") for n in scans}
+        assert "conveyor_job_claim_idx" not in used, used
+        ranges = [n for n in scans if n.get("Index Name") == "conveyor_job_claim_queue_idx"]
+        assert len(ranges) >= 3, ranges  # Two branches, and the locking range.
+        assert all("queue" in n.get("Index Cond", "") for n in ranges), ranges
+        assert any(n["Node Type"] == "Merge Append" for n in nodes(plan)), plan
+
+    def test_with_a_paused_queue_beside_a_served_one(self):
+        Queue.objects.create(name="default", paused=False)
+        Queue.objects.create(name="emails", paused=True)
+        fill(READY_ROWS)
+        fill(100, queue="emails")
+        assert_cost_follows_the_batch(self.merged_plan(["default", "emails"]))
+
+
+class TestPassedAheadPlan:
+    """The claim order service's look reads at most its scan, in claim order."""
+
+    def test_the_look_is_one_bounded_scan_of_the_claim_index(self):
+        fill(READY_ROWS, queue="backlog", age="2 hours")
+        fill(1_000)
+        plan = explain(protocol.PASSED_AHEAD, {"queues": ["default", "emails"], "scan": 500})
+        limits = [n for n in nodes(plan) if n["Node Type"] == "Limit"]
+        assert limits and limits[0]["Plan Rows"] <= 500, limits
+        scans = {n.get("Index Name") for n in nodes(plan) if "Index Name" in n}
+        assert "conveyor_job_claim_idx" in scans, scans
+        jobs = [n for n in nodes(plan) if n.get("Relation Name") == "conveyor_job"]
+        assert jobs and not [n for n in jobs if n["Node Type"] == "Seq Scan"], jobs
+        assert not [n for n in nodes(plan) if n["Node Type"] == "Sort"], plan

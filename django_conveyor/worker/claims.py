@@ -83,6 +83,9 @@ class Claimer:
         self.limited: tuple[str, ...] = ()  # Queues claimed by CLAIM_LIMITED (a route).
         self.ahead: tuple[str, ...] = ()  # Those of them that may be claimed ahead.
         self.free_queues = self.queues  # Queues claimed by CLAIM.
+        # Other queues' ready rows sort ahead of the free queues' (the claim order
+        # service looks): CLAIM_MERGED for them, which does not walk those rows.
+        self.behind = False
 
     def route(self, limited: frozenset[str], rated: frozenset[str] = frozenset()) -> None:
         """Which of the worker's queues have limits, and which of those a rate (claimed
@@ -91,6 +94,11 @@ class Claimer:
         self.ahead = tuple(q for q in self.limited if q not in rated)
         self.free_queues = tuple(q for q in self.queues if q not in limited)
 
+    @property
+    def merged(self) -> bool:
+        """Whether CLAIM goes as CLAIM_MERGED (two statements: JIT off, then the claim)."""
+        return self.behind and 1 < len(self.free_queues) <= protocol.MERGED_CLAIM_QUEUES
+
     def statements(self, steps: list[ClaimStep]) -> int:
         """Statements the steps may run; above one, the cycle runs in a transaction.
 
@@ -98,7 +106,7 @@ class Claimer:
         claim), so it always runs in a transaction: the lock must last until
         the claim commits.
         """
-        plain = 1 if self.free_queues else 0
+        plain = (2 if self.merged else 1) if self.free_queues else 0
         limited = 1 + len(self.limited) if self.limited else 0
         return sum((0 if s.if_none_claimed else plain) + limited for s in steps)
 
@@ -186,6 +194,7 @@ class Claimer:
             queues=self.free_queues,
             limit=step.limit,
             lease_seconds=self.lease_seconds,
+            merged=self.merged,
         )
 
     @staticmethod
@@ -195,13 +204,22 @@ class Claimer:
     def run(self, cur: Cursor, step: ClaimStep, limit: int) -> list[Lease]:
         """One step: CLAIM (or CLAIM_ISOLATED) for the free queues, then the limited ones."""
         leases: list[Lease] = []
-        if self.free_queues:
-            leases = step.statement(
+        if self.free_queues and step.isolated:
+            leases = protocol.claim_isolated(
                 cur,
                 owner=self.owner,
                 queues=self.free_queues,
                 limit=limit,
                 lease_seconds=self.lease_seconds,
+            )
+        elif self.free_queues:
+            leases = protocol.claim(
+                cur,
+                owner=self.owner,
+                queues=self.free_queues,
+                limit=limit,
+                lease_seconds=self.lease_seconds,
+                merged=self.merged,
             )
         if not self.limited:
             return leases

@@ -43,6 +43,7 @@ from .holdings import Holdings
 from .instrument import Counters, log_job
 from .preflight import BURST_GIVE_UP_SECONDS, first_line
 from .services.base import Now, Service, Timetable
+from .services.claim_order import ClaimOrderService
 from .services.gates import GatesService
 from .services.heartbeat import Heartbeat
 from .services.limits import LimitsService
@@ -124,6 +125,8 @@ class Worker:
             ),
             self.registry,
         ]
+        if len(self.config.queues) > 1:  # One queue's claim reads its own range already.
+            services.insert(2, ClaimOrderService(self.claimer))
         if self.options.cron:
             services.append(SchedulerService(database=self.config.database))
         if self.vacuum is not None:

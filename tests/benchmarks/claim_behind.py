@@ -17,18 +17,17 @@ runs `--calls` times for a worker of "default" alone and for a worker of
 sees the same rows), on a connection that prepares statements as the
 worker's does.
 
-A worker of one queue reads the queue-led claim index from its own rows on;
-a worker of several reads the claim index in claim order and filters by
-queue, so it passes every row of "other" on each claim. The same worker of
-two queues then runs a candidate, not shipped (`merged_claim`): the first
-`limit` rows of its queues read without locks as a merge of one ordered
-range of the queue-led index per queue (UNION ALL, which PostgreSQL merges
-lazily), then each queue's share of them locked `FOR UPDATE SKIP LOCKED`
-from the same index; the script checks that it claims the same jobs in the
-same order. `--spread K` adds `--own` ready jobs spread over K more queues,
-due first, and a worker of all K, by CLAIM and by the candidate. Prints one JSON
-document (and writes it to --out). Not a timed test: compare runs of one
-machine.
+A worker of one queue reads the queue-led claim index from its own rows on.
+CLAIM for several queues reads the claim index in claim order and filters
+by queue, so it passes every row of "other" on each claim; the worker sends
+CLAIM_MERGED instead for two or three queues (protocol.claim_statement):
+one ordered range of the queue-led index per queue, merged, then each
+queue's share locked. The script runs both for the worker of two queues and
+checks that they claim the same jobs in the same order. `--spread K` adds
+`--own` ready jobs spread over K more queues, due first, and a worker of all
+K, by CLAIM and by CLAIM_MERGED (what a merge of K branches would cost).
+Prints one JSON document (and writes it to --out). Not a timed test:
+compare runs of one machine.
 """
 
 from __future__ import annotations
@@ -48,7 +47,7 @@ sys.path.insert(0, str(REPO))
 import scratch  # noqa: E402  (beside this script)
 
 DB_NAME = "conveyor_claim_behind_bench"
-CANDIDATE = "(candidate, not shipped)"
+MERGED = "(CLAIM_MERGED)"
 # `count` ready jobs of the queue {queue} (SQL: a parameter, or an expression
 # of the row number g), due `secs` seconds ago.
 READY = """
@@ -62,38 +61,6 @@ INSERT = READY.format(queue="%s")  # [queue, secs, count]
 # --spread K: over the queues s0 ... s(K-1), due before every other job, so
 # that nothing of another queue is ahead of them. [K, secs, count]
 SPREAD = READY.format(queue="'s' || (g %% %s)")
-
-
-def merged_claim(queues: int) -> str:
-    """The candidate: CLAIM for a worker of `queues` queues, one index range per queue."""
-    from django_conveyor import protocol
-
-    def branch(i: int) -> str:
-        queue = f"(%(queues)s::text[])[{i}]"
-        return f"""(SELECT queue, priority, run_after, id FROM conveyor_job
-        WHERE state = 'available' AND run_after <= now() AND queue = {queue} AND NOT isolated
-          AND NOT EXISTS (SELECT 1 FROM conveyor_queue AS q
-                          WHERE q.name = {queue} AND (q.paused OR {protocol._LIMITED}))
-        ORDER BY priority DESC, run_after, id LIMIT %(limit)s)"""
-
-    union = "\n    UNION ALL\n    ".join(branch(i) for i in range(1, queues + 1))
-    return f"""
-WITH ahead AS (
-    {union}
-    ORDER BY priority DESC, run_after, id
-    LIMIT %(limit)s
-), share AS (
-    SELECT queue, count(*) AS n FROM ahead GROUP BY queue
-), picked AS (
-    SELECT p.id FROM share CROSS JOIN LATERAL (
-        SELECT id FROM conveyor_job
-        WHERE state = 'available' AND run_after <= now() AND queue = share.queue AND NOT isolated
-        ORDER BY priority DESC, run_after, id
-        LIMIT share.n
-        FOR UPDATE SKIP LOCKED
-    ) AS p
-), {protocol._claimed("now()")}
-{protocol._LEASE_OF_CLAIMED}"""
 
 
 def claim_ms(
@@ -131,6 +98,7 @@ def main() -> int:
     from django.core.management import call_command
 
     call_command("migrate", verbosity=0)
+    from django_conveyor import protocol
     from django_conveyor.worker.connections import connect
 
     with connect("default") as conn:
@@ -142,11 +110,11 @@ def main() -> int:
         conn.execute("VACUUM ANALYZE conveyor_job")
     two = ["default", "emails"]
     runs = [("default", ["default"], None), ("default,emails", two, None)]
-    runs.append((f"default,emails {CANDIDATE}", two, merged_claim(len(two))))
+    runs.append((f"default,emails {MERGED}", two, protocol.claim_merged(len(two))))
     if args.spread:
         many = [f"s{i}" for i in range(args.spread)]
         runs.append((f"{args.spread} queues", many, None))
-        runs.append((f"{args.spread} queues {CANDIDATE}", many, merged_claim(len(many))))
+        runs.append((f"{args.spread} queues {MERGED}", many, protocol.claim_merged(len(many))))
     figures, claimed = {}, {}
     with connect("default") as conn:
         conn.autocommit = False
@@ -157,11 +125,11 @@ def main() -> int:
                 "median_ms_after_the_first": round(statistics.median(times[1:]), 2),
             }
     for name, _, sql in runs:
-        if sql is not None:  # The candidate claims what CLAIM claims, in its order.
-            assert claimed[name] == claimed[name.removesuffix(f" {CANDIDATE}")], name
+        if sql is not None:  # The merged form claims what CLAIM claims, in its order.
+            assert claimed[name] == claimed[name.removesuffix(f" {MERGED}")], name
     scratch.drop(DB_NAME)
     result = {
-        "what": "CLAIM behind ready rows of a queue the worker does not serve",
+        "what": "CLAIM and CLAIM_MERGED behind ready rows of a queue the worker does not serve",
         "date": datetime.now(UTC).date().isoformat(),
         "behind": args.behind,
         "own": args.own,

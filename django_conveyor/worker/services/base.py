@@ -14,11 +14,11 @@ A service whose next pass depends on what it found keeps its own
 `interval` (the cron scheduler wakes for the next tick), and may have a
 `failed()` method, called after a pass that raised.
 
-The worker builds its services in `Worker.services()` (heartbeat, reaper, gates,
-timeouts, the cron scheduler, the vacuum); the worker registry plugs in there too. The
-control loop calls `Timetable.run_due` on every pass, which runs each service
-that is due, logs a failure and carries on; only a lost connection goes up
-to the loop, which reconnects.
+The worker builds its services in `Worker.services()` (heartbeat, limits, claim
+order, reaper, gates, timeouts, the cron scheduler, the vacuum); the worker
+registry plugs in there too. The control loop calls `Timetable.run_due` on
+every pass, which runs each service that is due, logs a failure and carries
+on; only a lost connection goes up to the loop, which reconnects.
 """
 
 from __future__ import annotations

@@ -31,6 +31,12 @@ BACKLOG_QUEUE = "backlog"  # rows of the growth workload that no worker serves
 READY_SEQ_FROM = 0
 
 
+def worker_queues(setting: dict[str, Any]) -> list[str]:
+    """The queues a worker serves: a list, or `a+b` from `--setting queues=default+emails`."""
+    queues = setting.get("queues") or ["default"]
+    return queues.split("+") if isinstance(queues, str) else list(queues)
+
+
 class ConveyorAdapter(DjangoAdapter):
     name = "conveyor"
     main_table = TABLE
@@ -72,7 +78,7 @@ class ConveyorAdapter(DjangoAdapter):
     def worker_argvs(
         self, kind: str, processes: int, setting: dict[str, Any], burst: bool
     ) -> list[list[str]]:
-        queues = setting.get("queues") or ["default"]
+        queues = worker_queues(setting)
         argv = self.manage(
             "conveyor_worker",
             "--queues",
@@ -93,7 +99,7 @@ class ConveyorAdapter(DjangoAdapter):
             "processes": processes,
             "concurrency": setting.get("concurrency", 10),
             "prefetch": "adaptive (default)" if prefetch is None else prefetch,
-            "queues": len(setting.get("queues") or ["default"]),
+            "queues": len(worker_queues(setting)),
             "wakeup": "LISTEN/NOTIFY + polling (package defaults)",
             "django.tasks logger": "WARNING",
         }
