@@ -20,10 +20,12 @@ worker's does.
 A worker of one queue reads the queue-led claim index from its own rows on.
 CLAIM for several queues reads the claim index in claim order and filters
 by queue, so it passes every row of "other" on each claim; the worker sends
-CLAIM_MERGED instead for two or three queues (protocol.claim_statement):
-one ordered range of the queue-led index per queue, merged, then each
-queue's share locked. The script runs both for the worker of two queues and
-checks that they claim the same jobs in the same order. `--spread K` adds
+CLAIM_MERGED instead while its claim order service sees many such rows
+ahead (worker/services/claim_order.py): one ordered range of the
+queue-led index per queue, merged, then each queue's share locked, sent as
+the worker sends it (unprepared, JIT off). The script runs both for the
+worker of two queues and checks that they claim the same jobs in the same
+order. `--spread K` adds
 `--own` ready jobs spread over K more queues, due first, and a worker of all
 K, by CLAIM and by CLAIM_MERGED (what a merge of K branches would cost).
 Prints one JSON document (and writes it to --out). Not a timed test:
@@ -73,7 +75,11 @@ def claim_ms(
     params = {"queues": queues, "limit": limit, "owner": "bench", "lease": 30.0}
     for _ in range(calls):
         started = time.perf_counter()
-        rows = conn.execute(sql or protocol.CLAIM, params).fetchall()
+        if sql is None:
+            rows = conn.execute(protocol.CLAIM, params).fetchall()
+        else:  # As the worker sends CLAIM_MERGED (protocol.send_claim).
+            conn.execute(protocol.JIT_OFF)
+            rows = conn.execute(sql, params, prepare=False).fetchall()
         times.append((time.perf_counter() - started) * 1000)
         conn.rollback()
         assert len(rows) == limit, f"{queues}: claimed {len(rows)} of {limit}"
