@@ -6,7 +6,7 @@
 1. Starts PgBouncer (transaction pooling, its config, auth file and log in
    DIR/<mode>/pgbouncer/) in front of the test PostgreSQL: `DATABASE_URL`
    if set, else the embedded server of `$CONVEYOR_DATA_DIR` (as the suite).
-2. Runs the enqueue, handler and worker-process tests and
+2. Runs the enqueue, handler, worker-process and claim order tests and
    tests/test_pgbouncer.py through it, with Django's connections, the
    workers' and the in-process workers' all on PgBouncer. `poll-only`:
    workers never LISTEN. `listener-dsn`: workers LISTEN on a direct
@@ -38,6 +38,7 @@ SUITE = [
     "tests/test_enqueue.py",
     "tests/test_handlers.py",
     "tests/test_processes.py",
+    "tests/test_claim_order.py",
     "tests/test_pgbouncer.py",
 ]
 
