@@ -1028,14 +1028,16 @@ WITH ahead AS (
     ) AS p
 ), {_claimed("now()")}
 {_LEASE_OF_CLAIMED}"""
-# How many of the first %(scan)s ready rows in claim order (conveyor_job_claim_idx,
-# as CLAIM reads it) CLAIM would pass for a worker of %(queues)s: rows of
-# other queues, or of its paused or limited ones. Read with JIT off, as a
-# scan this long may pass jit_above_cost.
+# How many of the first %(scan)s available rows in claim order
+# (conveyor_job_claim_idx, as CLAIM reads it) are of queues CLAIM does not
+# take for a worker of %(queues)s: other queues, or its paused or limited
+# ones, due or not. CLAIM passes each of them; CLAIM_MERGED reads none. (The
+# worker's own rows not due yet, or isolated, both forms pass alike.) Read
+# with JIT off, as a scan this long may pass jit_above_cost.
 PASSED_AHEAD = f"""
 SELECT count(*) FILTER (WHERE NOT (head.queue = ANY({_CLAIMABLE})))::int
 FROM (SELECT queue FROM conveyor_job
-      WHERE state = 'available' AND run_after <= now() AND NOT isolated
+      WHERE state = 'available'
       ORDER BY priority DESC, run_after, id
       LIMIT %(scan)s) AS head
 """

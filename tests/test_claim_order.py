@@ -84,6 +84,23 @@ def test_a_backlog_behind_the_workers_own_jobs_is_not_passed():
     assert look(ClaimOrderService(claimer("default", "emails"))) is False
 
 
+def test_rows_of_other_queues_not_due_yet_count_as_passed_too():
+    """CLAIM passes them in the index (its filter reads each); CLAIM_MERGED never meets them."""
+    with connection.cursor() as cur:
+        cur.execute(
+            """
+            INSERT INTO conveyor_job (task_path, args, kwargs, queue, backend, priority, state,
+                attempt, max_attempts, run_after, lease_version, errors, enqueued_at)
+            SELECT 'tests.testapp.tasks.noop', '[]', '{}', 'other', 'default', 5,
+                'available', 0, 5, now() + interval '1 day', 0, '[]', now()
+            FROM generate_series(1, %s)
+            """,
+            [MERGE_AT + 1_000],
+        )
+    ready(100, "default", "1 hour")
+    assert look(ClaimOrderService(claimer("default", "emails"))) is True
+
+
 def test_a_paused_queue_of_the_worker_counts_as_passed():
     Queue.objects.create(name="emails", paused=True)
     ready(MERGE_AT + 1_000, "emails", "2 hours")

@@ -1,16 +1,17 @@
-"""The claim order service: whether other queues' ready rows sort ahead of a worker's.
+"""The claim order service: whether other queues' waiting rows sort ahead of a worker's.
 
-CLAIM reads the ready rows of every queue in claim order (priority, then
+CLAIM reads the waiting rows of every queue in claim order (priority, then
 due time, then id) and keeps those of the worker's queues, so a worker of
-several queues passes, on every claim, each ready row of a queue it does
+several queues passes, on every claim, each waiting row of a queue it does
 not serve (or no longer claims: paused, limited) that sorts ahead of its
 own: a backlog of 10^6 such rows made each claim 80 times as long. A
 worker of one queue reads its own range of the queue-led index and never
 meets them.
 
 So every INTERVAL_SECONDS a worker of several queues counts, on its control
-connection, how many of the first SCAN_ROWS ready rows in claim order its
-CLAIM would pass (protocol.PASSED_AHEAD, one bounded index scan). From
+connection, how many of the first SCAN_ROWS waiting rows in claim order are
+of queues its CLAIM does not take (protocol.PASSED_AHEAD, one bounded index
+scan). From
 MERGE_AT of them on, the claimer sends CLAIM_MERGED instead, which reads one
 ordered range per queue and merges them: the same jobs in the same order,
 at a fixed cost per claim that is higher than CLAIM's when nothing is
@@ -61,7 +62,7 @@ class ClaimOrderService:
         behind = passed >= (UNMERGE_BELOW if self.claimer.behind else MERGE_AT)
         if behind != self.claimer.behind:
             logger.info(
-                "%d of the first %d ready jobs in claim order are of queues this worker "
+                "%d of the first %d waiting jobs in claim order are of queues this worker "
                 "does not claim: %s",
                 passed,
                 SCAN_ROWS,
