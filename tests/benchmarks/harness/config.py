@@ -55,6 +55,12 @@ DRAIN_PROCESSES = (1, 2)
 
 # The main knob of each system, swept in the drain; every entry is one setting.
 # conveyor prefetch None = the adaptive claim-ahead buffer (the default).
+# The worker's own defaults (conveyor_worker with no flags). Its final drains run
+# beside the best swept setting's, at full size and as often, so that "fast by
+# default" compares two medians, not two single short sweep runs (the larger of
+# several noisy runs is biased upwards).
+NO_FLAGS: dict[str, dict[str, Any]] = {"conveyor": {"concurrency": 4, "prefetch": None}}
+
 DRAIN_SWEEP: dict[str, list[dict[str, Any]]] = {
     "conveyor": [
         {"concurrency": 4, "prefetch": None},

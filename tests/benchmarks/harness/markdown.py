@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from . import config
+
 PEERS_ON_POSTGRES = ("procrastinate", "pgqueuer", "chancy", "django-tasks-db", "django-ox")
 
 
@@ -340,8 +342,8 @@ def cpu_table(cpu: dict[str, Any] | None) -> list[str]:
     return out
 
 
-# The worker's defaults (conveyor_worker with no flags), as the drain sweep names them.
-CONVEYOR_DEFAULT = "concurrency=4,prefetch=auto"
+# The worker's defaults (conveyor_worker with no flags), as the drain names them.
+CONVEYOR_DEFAULT = config.label(config.NO_FLAGS["conveyor"])
 
 
 def features_table(doc: dict[str, Any]) -> list[str]:
@@ -418,15 +420,22 @@ def targets(doc: dict[str, Any]) -> list[str]:
         if ours and peer:
             result = f"{ours / peer[0]:.2f}x ({peer[1]} {peer[0]:,.0f})"
             row(f"drain {fig} ≥ 1.5x best peer", result, ours >= 1.5 * peer[0])
-        sweep = res.get("drain", {}).get("conveyor", {}).get(fig, {}).get("sweep", {})
-        medians = {
-            label: e["summary"]["jobs_per_s"]["median"]
-            for label, e in sweep.items()
-            if "jobs_per_s" in e.get("summary", {})
-        }
-        if CONVEYOR_DEFAULT in medians:
-            share = medians[CONVEYOR_DEFAULT] / max(medians.values())
-            row(f"fast by default, {fig}: no flags ≥ 90% of the best swept", f"{share:.0%}",
+        cell = res.get("drain", {}).get("conveyor", {}).get(fig, {})
+
+        def medians(group: str, cell: dict[str, Any] = cell) -> dict[str, float]:
+            return {
+                label: e["summary"]["jobs_per_s"]["median"]
+                for label, e in cell.get(group, {}).items()
+                if "jobs_per_s" in e.get("summary", {})
+            }
+
+        # The final drains (no flags beside the best swept, full size, every
+        # repetition) when they ran; else the sweep's single runs (older files).
+        finals, swept = medians("settings"), medians("sweep")
+        compared, how = (finals, "final drains") if CONVEYOR_DEFAULT in finals else (swept, "sweep")
+        if CONVEYOR_DEFAULT in compared:
+            share = compared[CONVEYOR_DEFAULT] / max(compared.values())
+            row(f"fast by default, {fig}: no flags ≥ 90% of the best", f"{share:.0%} ({how})",
                 share >= 0.9)  # fmt: skip
     one = _best_of(limits.get("1 process", {}).get("settings", {}), lambda st: True)
     if one:

@@ -234,6 +234,16 @@ def best_setting(ctx: Context, system: str, processes: int) -> dict[str, Any]:
     return dict(DEFAULT_SETTING.get(system, {}))
 
 
+def final_drain_settings(ctx: Context, system: str, processes: int) -> list[dict[str, Any]]:
+    """The final drains' settings: the best swept one, and beside it the system's
+    no-flags setting (config.NO_FLAGS) when a sweep ran and chose another."""
+    best = best_setting(ctx, system, processes)
+    no_flags = config.NO_FLAGS.get(system)
+    if ctx.pinned is not None or no_flags is None or dict(no_flags) == best:
+        return [best]
+    return [best, dict(no_flags)]
+
+
 def skip_reason(ctx: Context, st: SystemState, workload: str) -> str | None:
     if st.status != "ok":
         return st.reason or st.status
@@ -263,7 +273,7 @@ def cells(ctx: Context, workload: str, systems: list[str], phase: str = "final")
                 settings = (
                     sweep_of(ctx, config.DRAIN_SWEEP, system)
                     if phase == "sweep"
-                    else [best_setting(ctx, system, n)]
+                    else final_drain_settings(ctx, system, n)
                 )
                 for setting in settings:
                     params = {"jobs": jobs, "processes": n, "setting": setting, **chunk}
