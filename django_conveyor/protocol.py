@@ -1056,28 +1056,14 @@ def claim_merged(queues: int) -> str:
 
 
 def claim(
-    cursor: Cursor,
-    *,
-    owner: str,
-    queues: Sequence[str],
-    limit: int,
-    lease_seconds: float,
-    merged: bool = False,
+    cursor: Cursor, *, owner: str, queues: Sequence[str], limit: int, lease_seconds: float
 ) -> list[Lease]:
     """Take up to `limit` ready jobs, each with a new fencing token.
 
     Guard: available, due, in `queues`, not in a paused queue, not isolated,
     and not locked by another claimer. Zero rows means nothing is ready.
-    `merged`: as CLAIM_MERGED (two statements: the caller's transaction).
     """
-    send_claim(
-        cursor,
-        owner=owner,
-        queues=queues,
-        limit=limit,
-        lease_seconds=lease_seconds,
-        merged=merged,
-    )
+    send_claim(cursor, owner=owner, queues=queues, limit=limit, lease_seconds=lease_seconds)
     return claimed_leases(cursor)
 
 
@@ -1090,9 +1076,11 @@ def send_claim(
     lease_seconds: float,
     merged: bool = False,
 ) -> None:
-    """CLAIM, its result not read yet (a pipeline reads it later: `claimed_leases`)."""
+    """CLAIM (or CLAIM_MERGED), its result not read yet (a pipeline reads it later:
+    `claimed_leases`). `merged`: as CLAIM_MERGED, two statements (the caller's
+    transaction); which form pays is the worker's route (claims.Claimer.merged)."""
     params = {"queues": list(queues), "limit": limit, "owner": owner, "lease": lease_seconds}
-    if merged and 1 < len(queues) <= MERGED_CLAIM_QUEUES:
+    if merged:
         cursor.execute(JIT_OFF)
         cursor.execute(claim_merged(len(queues)), params, prepare=False)
     else:

@@ -27,19 +27,20 @@ from tests.helpers import start_worker, stop_process, wait_until
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def ready(n: int, queue: str, age: str) -> None:
-    """`n` ready jobs of `queue`, due `age` ago (older sorts ahead in claim order)."""
+def ready(n: int, queue: str, age: str, priority: int = 0) -> None:
+    """`n` jobs of `queue`, due `age` ago (older sorts ahead in claim order; a negative
+    age is a job not due yet)."""
     with connection.cursor() as cur:
         cur.execute(
             """
             INSERT INTO conveyor_job (task_path, args, kwargs, queue, backend, priority, state,
                 attempt, max_attempts, run_after, lease_version, errors, enqueued_at)
-            SELECT 'tests.testapp.tasks.noop', '[]', '{}', %s, 'default', 0,
+            SELECT 'tests.testapp.tasks.noop', '[]', '{}', %s, 'default', %s,
                 'available', 0, 5, now() - %s::interval + g * interval '1 microsecond', 0, '[]',
                 now()
             FROM generate_series(1, %s) AS g
             """,
-            [queue, age, n],
+            [queue, priority, age, n],
         )
         cur.execute("ANALYZE conveyor_job")
 
@@ -86,17 +87,7 @@ def test_a_backlog_behind_the_workers_own_jobs_is_not_passed():
 
 def test_rows_of_other_queues_not_due_yet_count_as_passed_too():
     """CLAIM passes them in the index (its filter reads each); CLAIM_MERGED never meets them."""
-    with connection.cursor() as cur:
-        cur.execute(
-            """
-            INSERT INTO conveyor_job (task_path, args, kwargs, queue, backend, priority, state,
-                attempt, max_attempts, run_after, lease_version, errors, enqueued_at)
-            SELECT 'tests.testapp.tasks.noop', '[]', '{}', 'other', 'default', 5,
-                'available', 0, 5, now() + interval '1 day', 0, '[]', now()
-            FROM generate_series(1, %s)
-            """,
-            [MERGE_AT + 1_000],
-        )
+    ready(MERGE_AT + 1_000, "other", "-1 day", priority=5)
     ready(100, "default", "1 hour")
     assert look(ClaimOrderService(claimer("default", "emails"))) is True
 

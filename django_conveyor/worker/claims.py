@@ -95,9 +95,14 @@ class Claimer:
         self.free_queues = tuple(q for q in self.queues if q not in limited)
 
     @property
+    def may_merge(self) -> bool:
+        """Whether CLAIM_MERGED can pay for the free queues: more than one, and few."""
+        return 1 < len(self.free_queues) <= protocol.MERGED_CLAIM_QUEUES
+
+    @property
     def merged(self) -> bool:
         """Whether CLAIM goes as CLAIM_MERGED (two statements: JIT off, then the claim)."""
-        return self.behind and 1 < len(self.free_queues) <= protocol.MERGED_CLAIM_QUEUES
+        return self.behind and self.may_merge
 
     def statements(self, steps: list[ClaimStep]) -> int:
         """Statements the steps may run; above one, the cycle runs in a transaction.
@@ -185,14 +190,14 @@ class Claimer:
             claimed += leases
         return claimed
 
-    def send(self, cur: Cursor, step: ClaimStep) -> None:
-        """A plain CLAIM step of the free queues, its rows not read yet (a pipelined
-        cycle reads them with `received`)."""
+    def send(self, cur: Cursor, step: ClaimStep, limit: int | None = None) -> None:
+        """A plain CLAIM step of the free queues (of `limit` jobs, else the step's), its
+        rows not read yet (a pipelined cycle reads them with `received`)."""
         protocol.send_claim(
             cur,
             owner=self.owner,
             queues=self.free_queues,
-            limit=step.limit,
+            limit=step.limit if limit is None else limit,
             lease_seconds=self.lease_seconds,
             merged=self.merged,
         )
@@ -213,14 +218,8 @@ class Claimer:
                 lease_seconds=self.lease_seconds,
             )
         elif self.free_queues:
-            leases = protocol.claim(
-                cur,
-                owner=self.owner,
-                queues=self.free_queues,
-                limit=limit,
-                lease_seconds=self.lease_seconds,
-                merged=self.merged,
-            )
+            self.send(cur, step, limit)
+            leases = self.received(cur)
         if not self.limited:
             return leases
         # The free slots, and ahead of them while a limit is far (CLAIM_LIMITED's

@@ -115,9 +115,12 @@ class Worker:
 
     def services(self) -> list[Service]:
         """The maintenance services the control loop schedules, in the order a pass runs them."""
+        # One queue's claim reads its own range already: no claim order to look at.
+        several = len(self.config.queues) > 1
         services: list[Service] = [
             self.heartbeat,
             LimitsService(self.config.queues, self.claimer.route, database=self.config.database),
+            *([ClaimOrderService(self.claimer)] if several else []),
             Reaper(interval=self.config.reap_seconds),
             GatesService(database=self.config.database, interval=self.config.gates_seconds),
             Timeouts(
@@ -125,8 +128,6 @@ class Worker:
             ),
             self.registry,
         ]
-        if len(self.config.queues) > 1:  # One queue's claim reads its own range already.
-            services.insert(2, ClaimOrderService(self.claimer))
         if self.options.cron:
             services.append(SchedulerService(database=self.config.database))
         if self.vacuum is not None:

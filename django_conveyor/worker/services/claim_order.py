@@ -52,13 +52,12 @@ class ClaimOrderService:
     while_draining: bool = False
 
     def run_once(self, cursor: Cursor, now: Any = None) -> ClaimOrderCounts:
-        queues = self.claimer.free_queues
-        if not 1 < len(queues) <= protocol.MERGED_CLAIM_QUEUES:
+        if not self.claimer.may_merge:
             self.claimer.behind = False
             return ClaimOrderCounts()
         with transaction_of(cursor):
             cursor.execute(protocol.JIT_OFF)
-            passed = protocol.passed_ahead(cursor, queues=queues, scan=SCAN_ROWS)
+            passed = protocol.passed_ahead(cursor, queues=self.claimer.free_queues, scan=SCAN_ROWS)
         behind = passed >= (UNMERGE_BELOW if self.claimer.behind else MERGE_AT)
         if behind != self.claimer.behind:
             logger.info(
