@@ -7,7 +7,7 @@ back with the caller's transaction; its NOTIFY is delivered only on commit.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime, timedelta
 from types import SimpleNamespace
@@ -31,6 +31,7 @@ from .bounds import (
     is_number,
     seconds_breach,
 )
+from .collector import collector_paused
 from .compat import (
     TASK_MAX_PRIORITY,
     TASK_MIN_PRIORITY,
@@ -184,44 +185,60 @@ class ConveyorBackend(BaseTaskBackend):
         takes it, and so does a workflow (workflows/), which adds its edges
         between the two. Call `validate_task()` first.
         """
-        meta = getattr(task, "meta", None)
+        return self.job_maker(task, after)(args, kwargs)
+
+    def job_maker(
+        self, task: Any, after: Sequence[int] = ()
+    ) -> Callable[[Sequence[Any], dict[str, Any]], protocol.NewJob]:
+        """`new_job()` for many calls of one task: what the task fixes (its queue,
+        options, meta, dependencies) is read and checked once, not once per call."""
         concurrency_key = getattr(task, "concurrency_key", None)
-        if callable(concurrency_key):
-            concurrency_key = computed_concurrency_key(task.name, concurrency_key, args, kwargs)
-        elif problem := concurrency_key_problem(concurrency_key):
+        computed = callable(concurrency_key)
+        if not computed and (problem := concurrency_key_problem(concurrency_key)):
             raise InvalidTask(problem)  # A call's own key (enqueue_many's options).
-        args = json_round_trip(list(args), f"{task.name}() args")
-        kwargs = json_round_trip(dict(kwargs), f"{task.name}() kwargs")
         depends_on = (*self._dependency_job_ids(task), *after)
         unique = getattr(task, "unique", None)
         if unique is not None and depends_on:
             raise InvalidTask(UNIQUE_WITH_DEPENDENCIES.format(name=task.name))
-        if unique is not None:
-            unique = unique_call(
-                unique,
-                task_name=task.name,
-                task_path=task.module_path,
-                args=args,
-                kwargs=kwargs,
-                queue=task.queue_name,
+        meta = getattr(task, "meta", None)
+        fixed = {
+            "task_path": task.module_path,
+            "queue": task.queue_name,
+            "backend": self.alias,
+            "priority": task.priority,
+            "max_attempts": getattr(task, "max_attempts", None) or conveyor_settings().MAX_ATTEMPTS,
+            "run_after": task.run_after,
+            "idempotency_key": getattr(task, "idempotency_key", None),
+            "depends_on": depends_on,
+            "dependency_policy": getattr(task, "dependency_policy", "cancel"),
+            "tags": getattr(task, "tags", None) or None,
+            "meta": _traced(json_round_trip(meta, "meta") if meta else None),
+        }
+        name, what_args, what_kwargs = task.name, f"{task.name}() args", f"{task.name}() kwargs"
+
+        def make(args: Sequence[Any], kwargs: dict[str, Any]) -> protocol.NewJob:
+            key = (
+                computed_concurrency_key(name, concurrency_key, args, kwargs)
+                if computed
+                else concurrency_key
             )
-        return protocol.NewJob(
-            task_path=task.module_path,
-            args=args,
-            kwargs=kwargs,
-            queue=task.queue_name,
-            backend=self.alias,
-            priority=task.priority,
-            max_attempts=getattr(task, "max_attempts", None) or conveyor_settings().MAX_ATTEMPTS,
-            run_after=task.run_after,
-            idempotency_key=getattr(task, "idempotency_key", None),
-            depends_on=depends_on,
-            dependency_policy=getattr(task, "dependency_policy", "cancel"),
-            tags=getattr(task, "tags", None) or None,
-            meta=_traced(json_round_trip(meta, "meta") if meta else None),
-            unique=unique,
-            concurrency_key=concurrency_key,
-        )
+            args = json_round_trip(list(args), what_args)
+            kwargs = json_round_trip(dict(kwargs), what_kwargs)
+            call_unique = None
+            if unique is not None:
+                call_unique = unique_call(
+                    unique,
+                    task_name=name,
+                    task_path=task.module_path,
+                    args=args,
+                    kwargs=kwargs,
+                    queue=task.queue_name,
+                )
+            return protocol.NewJob(
+                args=args, kwargs=kwargs, unique=call_unique, concurrency_key=key, **fixed
+            )
+
+        return make
 
     def _dependency_job_ids(self, task: Any) -> list[int]:
         """The job ids of `task.depends_on`, which must share the new job's database."""
@@ -243,12 +260,13 @@ class ConveyorBackend(BaseTaskBackend):
         return self.enqueue_jobs([task], [self.new_job(task, args, kwargs)])[0]
 
     def enqueue_many(self, task: Any, calls: Iterable[Sequence[Any]]) -> list[ConveyorTaskResult]:
-        """Enqueue many calls of one task with a single INSERT (and, for calls whose
-        keys name existing jobs, one or two statements more), in order.
+        """Enqueue many calls of one task in one transaction (and, for calls whose
+        keys name existing jobs, a statement or two more), in order.
 
         Each call is `(args, kwargs)` or `(args, kwargs, options)`, where the
-        options, for that call only, are `idempotency_key` and `unique`.
-        Every call is checked before anything is written.
+        options, for that call only, are `idempotency_key`, `unique` and
+        `concurrency_key`. A call that fails its checks raises, and nothing of
+        the batch stays (the caller's transaction stays usable).
         """
         self.validate_task(task)
         if getattr(task, "idempotency_key", None):
@@ -256,19 +274,65 @@ class ConveyorBackend(BaseTaskBackend):
                 "enqueue_many() cannot share one idempotency_key across calls; give each "
                 'call its own, as its third element: (args, kwargs, {"idempotency_key": ...}).'
             )
+        calls = list(calls)
+        with collector_paused():
+            if len(calls) > protocol.ENQUEUE_PIECE and _plain_calls(task, calls):
+                written = self._write_in_pieces(task, calls)
+            else:
+                written = self._write_calls(task, calls)
+        return self.announce(written)
+
+    def _write_calls(self, task: Any, calls: list[Any]) -> list[tuple[ConveyorTaskResult, bool]]:
+        """Every call checked, then all of them in one ENQUEUE (`write_jobs`)."""
+        make = self.job_maker(task)
         tasks, jobs = [], []
         for number, call in enumerate(calls):
             args, kwargs, called = self._call(task, number, call)
             tasks.append(called)
-            jobs.append(self.new_job(called, args, kwargs))
+            jobs.append(
+                make(args, kwargs) if called is task else self.new_job(called, args, kwargs)
+            )
         if not jobs:
             return []
         if any(job.idempotency_key for job in jobs) and len(jobs) > 1:
             # IdempotencyKeyReused may be raised after some of the calls were
             # inserted: none of the batch stays.
             with transaction.atomic(using=conveyor_settings().database_for(task.queue_name)):
-                return self.enqueue_jobs(tasks, jobs)
-        return self.enqueue_jobs(tasks, jobs)
+                return self.write_jobs(tasks, jobs)
+        return self.write_jobs(tasks, jobs)
+
+    def _write_in_pieces(
+        self, task: Any, calls: list[Any]
+    ) -> list[tuple[ConveyorTaskResult, bool]]:
+        """Plain calls (no keys, no dependencies) checked and sent piece by piece in one
+        pipeline (`protocol.enqueue_pieces`), in a transaction (a savepoint inside
+        the caller's): PostgreSQL writes one piece while the next is built."""
+        database = conveyor_settings().database_for(task.queue_name)
+        connection = _enqueue_connection(database)
+        make = self.job_maker(task)
+        jobs: list[protocol.NewJob] = []
+
+        def pieces() -> Iterator[list[protocol.NewJob]]:
+            for start in range(0, len(calls), protocol.ENQUEUE_PIECE):
+                piece = []
+                for number in range(start, min(start + protocol.ENQUEUE_PIECE, len(calls))):
+                    args, kwargs, _ = self._call(task, number, calls[number])
+                    piece.append(make(args, kwargs))
+                jobs.extend(piece)
+                yield piece
+
+        with transaction.atomic(using=database), connection.wrap_database_errors:
+            connection.ensure_connection()
+            enqueued = protocol.enqueue_pieces(
+                connection.connection,
+                lambda: enqueue_cursor(connection),
+                pieces(),
+                notify=conveyor_settings().NOTIFY,
+            )
+        return [
+            (self._created(task, database, job, row), True)
+            for job, row in zip(jobs, enqueued, strict=True)
+        ]
 
     def _call(self, task: Any, number: int, call: Any) -> tuple[Any, Any, Any]:
         """One call of enqueue_many(): its arguments, and the task with its options."""
@@ -306,17 +370,18 @@ class ConveyorBackend(BaseTaskBackend):
         result is sent with `task_enqueued` (or `task_enqueue_replayed` when an
         idempotency key named an existing job).
         """
+        return self.announce(self.write_jobs(tasks, jobs))
+
+    def write_jobs(
+        self, tasks: Sequence[Any], jobs: list[protocol.NewJob]
+    ) -> list[tuple[ConveyorTaskResult, bool]]:
+        """`enqueue_jobs()` without its signals: each call's result, and whether
+        it was created (False: a key named an existing job)."""
         database = conveyor_settings().database_for(tasks[0].queue_name)
-        connection = connections[database]
-        if connection.vendor != "postgresql":  # E020, for a process that skipped the checks.
-            engine = connection.settings_dict.get("ENGINE", "")
-            raise ConveyorConfigurationError(
-                f"{not_postgresql(database, engine)} Point it at PostgreSQL 14 or newer."
-            )
+        connection = _enqueue_connection(database)
         with enqueue_cursor(connection) as cursor:
             enqueued = protocol.enqueue(cursor, jobs, notify=conveyor_settings().NOTIFY)
-        results = []
-        send = heard(task_enqueued, log_task_enqueued, logging.DEBUG)
+        written = []
         for task, job, row in zip(tasks, jobs, enqueued, strict=True):
             if not row.created:  # A key (idempotency or unique) named an existing job.
                 replayed = self._existing(database, row)
@@ -326,25 +391,38 @@ class ConveyorBackend(BaseTaskBackend):
                         task.name, replayed.id, row.state, job.unique.key,
                         ", its arguments replaced" if row.replaced else "",
                     )  # fmt: skip
-                task_enqueue_replayed.send(type(self), task_result=replayed)
-                results.append(replayed)
+                written.append((replayed, False))
                 continue
-            result = task_result(
-                task,
-                database=database,
-                job_id=row.id,
-                state=row.state,
-                args=job.args,
-                kwargs=job.kwargs,
-                backend=self.alias,
-                enqueued_at=row.enqueued_at,
-                tags=job.tags,
-                meta=job.meta,
-            )
-            if send:
+            written.append((self._created(task, database, job, row), True))
+        return written
+
+    def _created(
+        self, task: Any, database: str, job: protocol.NewJob, row: protocol.Enqueued
+    ) -> ConveyorTaskResult:
+        """The result of a job this call inserted, from what it sent and ENQUEUE returned."""
+        return task_result(
+            task,
+            database=database,
+            job_id=row.id,
+            state=row.state,
+            args=job.args,
+            kwargs=job.kwargs,
+            backend=self.alias,
+            enqueued_at=row.enqueued_at,
+            tags=job.tags,
+            meta=job.meta,
+        )
+
+    def announce(self, written: list[tuple[ConveyorTaskResult, bool]]) -> list[ConveyorTaskResult]:
+        """Send `task_enqueued` for each created result (`task_enqueue_replayed`
+        for one a key named), in call order; the results."""
+        send = heard(task_enqueued, log_task_enqueued, logging.DEBUG)
+        for result, created in written:
+            if not created:
+                task_enqueue_replayed.send(type(self), task_result=result)
+            elif send:
                 task_enqueued.send(type(self), task_result=result)
-            results.append(result)
-        return results
+        return [result for result, _ in written]
 
     def get_result(self, result_id: str) -> ConveyorTaskResult:
         database, job_id = parse_result_id(result_id)
@@ -382,6 +460,30 @@ class ConveyorBackend(BaseTaskBackend):
                 hint='Add "django_conveyor" to INSTALLED_APPS and run migrate.',
                 id="conveyor.E010",
             )
+
+
+def _enqueue_connection(database: str) -> Any:
+    """Django's connection to `database`, which must be PostgreSQL (E020, for a
+    process that skipped the checks)."""
+    connection = connections[database]
+    if connection.vendor != "postgresql":
+        engine = connection.settings_dict.get("ENGINE", "")
+        raise ConveyorConfigurationError(
+            f"{not_postgresql(database, engine)} Point it at PostgreSQL 14 or newer."
+        )
+    return connection
+
+
+def _plain_calls(task: Any, calls: list[Any]) -> bool:
+    """Calls of `task` that are all plain jobs (`protocol.is_plain`): the task has no
+    unique key and no dependencies, and no call brings options. A call of
+    another shape is not: the one-statement path names what is wrong with it."""
+    if getattr(task, "unique", None) is not None or getattr(task, "depends_on", ()):
+        return False
+    return all(
+        isinstance(call, list | tuple) and (len(call) == 2 or (len(call) == 3 and call[2] is None))
+        for call in calls
+    )
 
 
 def enqueue_cursor(connection: Any) -> Any:

@@ -115,7 +115,7 @@ from __future__ import annotations
 import functools
 import json
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, NamedTuple, Protocol
@@ -484,6 +484,48 @@ def enqueue(cursor: Cursor, jobs: Sequence[NewJob], *, notify: bool) -> list[Enq
         ordered = [results[i] for i in range(len(jobs))]
     _add_edges(cursor, jobs, ordered)
     return ordered
+
+
+# Jobs per ENQUEUE statement of a plain batch sent in a pipeline (enqueue_pieces).
+ENQUEUE_PIECE = 1000
+
+
+def is_plain(job: NewJob) -> bool:
+    """No key can refuse this job's row and it waits for no other job: ENQUEUE
+    writes it in one pass, whatever else its statement holds."""
+    return job.unique is None and job.idempotency_key is None and not job.depends_on
+
+
+def enqueue_pieces(
+    connection: Any,
+    new_cursor: Callable[[], Any],
+    pieces: Iterable[Sequence[NewJob]],
+    *,
+    notify: bool,
+) -> list[Enqueued]:
+    """ENQUEUE for plain jobs (`is_plain`), one statement per piece, all sent in one
+    pipeline of `connection` (psycopg's): PostgreSQL inserts a piece while
+    the caller's generator builds the next, instead of the two taking turns.
+
+    The rows go in in order, as one statement would write them. The caller
+    holds the transaction that makes the pieces all or nothing; an exception
+    from `pieces` or from a statement leaves the pipeline and rolls that back.
+    """
+    sent: list[Any] = []
+    try:
+        with connection.pipeline():
+            for piece in pieces:
+                cursor = new_cursor()
+                sent.append(cursor)
+                _execute_enqueue(cursor, [_row(job, job, 0) for job in piece], notify)
+        return [
+            Enqueued(r[0], r[2], r[3], created=True, state=r[4])
+            for cursor in sent
+            for r in cursor.fetchall()
+        ]
+    finally:
+        for cursor in sent:
+            cursor.close()
 
 
 class _Outcome(NamedTuple):

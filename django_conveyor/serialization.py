@@ -137,6 +137,8 @@ def json_round_trip(value: Any, what: str) -> Any:
         if kind is str and (problem := text_problem(value)):
             raise _refuse(what, problem)
         return value  # The common return values of handlers, without the round trip.
+    if (kind is list or kind is dict) and not value:
+        return kind()  # No arguments (most calls' kwargs): nothing to look at.
     # Flat arguments (ids, names, flags) come back equal from a round trip:
     # copy them instead, as the round trip would have.
     if kind is list and all(type(item) in _UNCHANGED for item in value):

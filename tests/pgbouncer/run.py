@@ -39,6 +39,7 @@ SUITE = [
     "tests/test_handlers.py",
     "tests/test_processes.py",
     "tests/test_claim_order.py",
+    "tests/test_enqueue_pieces.py",
     "tests/test_pgbouncer.py",
 ]
 
