@@ -1,6 +1,7 @@
 """Real worker processes: draining, kill -9, SIGSTOP zombies, shutdown, supervision."""
 
 import datetime as dt
+import gc
 import os
 import signal
 import subprocess
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 from django.db.models import Count
 
+from django_conveyor.management.commands.conveyor_worker import COLLECT_AFTER_ALLOCATIONS
 from django_conveyor.models import Job, LedgerEntry
 from django_conveyor.worker.shutdown import REPEAT_GRACE_SECONDS
 from tests.helpers import REPO, stop_process, wait_until, worker_env
@@ -23,6 +25,21 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 def states() -> dict[str, int]:
     return dict(Job.objects.values_list("state").annotate(n=Count("id")))
+
+
+@pytest.mark.parametrize("processes", ["1", "2"])
+def test_the_worker_process_freezes_what_it_loaded_and_collects_less_often(
+    procs, tmp_path, processes
+):
+    results = tasks.collector_state.enqueue_many([((), {})] * 4)
+    proc = worker(procs, tmp_path, "gc", "--processes", processes, "--burst")
+    assert proc.wait(120) == 0, (tmp_path / "gc.log").read_text()[-3000:]
+    for result in results:
+        result.refresh()
+        state = result.return_value
+        assert state["threshold"][0] == COLLECT_AFTER_ALLOCATIONS != gc.get_threshold()[0]
+        assert state["threshold"][1:] == list(gc.get_threshold()[1:])  # Left as Python sets them.
+        assert state["frozen"] > 10_000  # Django, the apps, the settings.
 
 
 def test_four_processes_drain_400_jobs_each_effect_once(procs, tmp_path):

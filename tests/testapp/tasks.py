@@ -1,5 +1,6 @@
 """Task handlers the tests enqueue; each leaves an observable trace."""
 
+import gc
 import os
 import threading
 import time
@@ -15,6 +16,12 @@ from .models import Effect
 @task()
 def noop():
     return None
+
+
+@task()
+def collector_state():
+    """How the worker process set Python's garbage collector (tests/test_processes.py)."""
+    return {"threshold": list(gc.get_threshold()), "frozen": gc.get_freeze_count()}
 
 
 @task()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import signal
 import sys
@@ -168,6 +169,7 @@ class Command(BaseCommand):
         except DatabaseError as exc:  # The database answered, with an error: say it, once.
             raise CommandError(f"Database {config.database!r}: {exc}".strip()) from exc
         exporter = self.exporter(options)
+        tune_collector()
         if options["processes"] == 1:
             code = exporter(worker_options, 0)
         else:
@@ -217,6 +219,26 @@ class Command(BaseCommand):
         if not isinstance(backend, ConveyorBackend):
             raise CommandError(f"Task backend {alias!r} is not a ConveyorBackend.")
         return set(backend.queues)
+
+
+# Young collections every 10,000 allocations instead of 700: a job's objects
+# mostly die young, freed by their reference counts before a collection
+# would look at them.
+COLLECT_AFTER_ALLOCATIONS = 10_000
+
+
+def tune_collector() -> None:
+    """Python's cyclic garbage collector, set for a process that runs jobs.
+
+    What is loaded by now (Django, the apps, their settings) lives as long as
+    the process: frozen, out of the collector's reach, a full collection no
+    longer walks it every few thousand jobs (and, before a fork, no
+    collection in a child writes to the pages it shares with its parent).
+    Collecting the younger generation less often takes most of what is left.
+    """
+    gc.freeze()
+    _, older, oldest = gc.get_threshold()
+    gc.set_threshold(COLLECT_AFTER_ALLOCATIONS, older, oldest)
 
 
 def configure_logging(verbosity: int) -> None:
