@@ -2,8 +2,8 @@
 
 A batch of 5,000 enqueued calls keeps about ten container objects per call
 alive until it returns (arguments, rows, results): enough allocations to
-set off a hundred young collections and a full one over the whole heap,
-which found nothing to free and were a large share of the call's time. Reference
+set off about 65 collections, which found nothing to free
+(tests/benchmarks/bulk_parts.py). Reference
 counting still frees everything that is not a cycle; cycles made meanwhile
 wait for the next collection after the batch.
 """
