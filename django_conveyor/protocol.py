@@ -475,7 +475,7 @@ def enqueue(cursor: Cursor, jobs: Sequence[NewJob], *, notify: bool) -> list[Enq
         # No key can refuse a row: one statement, each call its own job, as ever.
         rows = [_row(job, job, pending[i]) for i, job in enumerate(jobs)]
         _execute_enqueue(cursor, rows, notify)
-        ordered = [Enqueued(r[0], r[2], r[3], created=True, state=r[4]) for r in cursor.fetchall()]
+        ordered = _inserted(cursor)
     else:
         results: dict[int, Enqueued] = {}
         for entries in fold([(job.idempotency_key, job.unique) for job in jobs]):
@@ -515,17 +515,20 @@ def enqueue_pieces(
     try:
         with connection.pipeline():
             for piece in pieces:
+                if not all(map(is_plain, piece)):  # Its rows would skip their keys or edges.
+                    raise ValueError("enqueue_pieces() takes plain jobs only (is_plain).")
                 cursor = new_cursor()
                 sent.append(cursor)
                 _execute_enqueue(cursor, [_row(job, job, 0) for job in piece], notify)
-        return [
-            Enqueued(r[0], r[2], r[3], created=True, state=r[4])
-            for cursor in sent
-            for r in cursor.fetchall()
-        ]
+        return [row for cursor in sent for row in _inserted(cursor)]
     finally:
         for cursor in sent:
             cursor.close()
+
+
+def _inserted(cursor: Cursor) -> list[Enqueued]:
+    """The jobs an ENQUEUE whose rows no key could refuse inserted, in their order."""
+    return [Enqueued(r[0], r[2], r[3], created=True, state=r[4]) for r in cursor.fetchall()]
 
 
 class _Outcome(NamedTuple):

@@ -143,6 +143,19 @@ class TestAllOrNothing:
         assert list(Job.objects.values_list("args", flat=True)) == [[1, 2]]
         assert Effect.objects.count() == 1
 
+    def test_the_pieces_refuse_a_job_a_key_or_a_dependency_could_change(self):
+        from django.tasks import task_backends
+
+        backend = task_backends["default"]
+        plain = backend.new_job(tasks.add, (1, 2), {})
+        keyed = backend.new_job(tasks.add.using(idempotency_key="k"), (3, 4), {})
+        with pytest.raises(ValueError, match="plain jobs only"), transaction.atomic():
+            connection.ensure_connection()
+            protocol.enqueue_pieces(
+                connection.connection, connection.cursor, [[plain], [keyed]], notify=False
+            )
+        assert Job.objects.count() == 0
+
 
 class TestCollector:
     def test_left_on_after_a_batch(self):

@@ -27,11 +27,14 @@ import argparse
 import contextlib
 import datetime as dt
 import gc
+import logging
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+from unittest import mock
 
 REPO = Path(__file__).resolve().parent.parent.parent
 sys.path.insert(0, str(REPO))
@@ -66,24 +69,17 @@ class CollectorClock:
             self.seconds += time.perf_counter() - self._started
 
 
-def variants() -> dict[str, Callable[[], contextlib.AbstractContextManager[None]]]:
+def variants() -> dict[str, Callable[[], contextlib.AbstractContextManager[Any]]]:
     from django_conveyor import backend, protocol
-
-    @contextlib.contextmanager
-    def patched(owner: object, name: str, value: object) -> Iterator[None]:
-        saved = getattr(owner, name)
-        setattr(owner, name, value)
-        try:
-            yield
-        finally:
-            setattr(owner, name, saved)
 
     return {
         "shipped": contextlib.nullcontext,
-        "one statement": lambda: patched(protocol, "ENQUEUE_PIECE", 10**9),
-        "collector on": lambda: patched(backend, "collector_paused", contextlib.nullcontext),
-        "pieces of 500": lambda: patched(protocol, "ENQUEUE_PIECE", 500),
-        "pieces of 2,500": lambda: patched(protocol, "ENQUEUE_PIECE", 2_500),
+        "one statement": lambda: mock.patch.object(protocol, "ENQUEUE_PIECE", 10**9),
+        "collector on": lambda: mock.patch.object(
+            backend, "collector_paused", contextlib.nullcontext
+        ),
+        "pieces of 500": lambda: mock.patch.object(protocol, "ENQUEUE_PIECE", 500),
+        "pieces of 2,500": lambda: mock.patch.object(protocol, "ENQUEUE_PIECE", 2_500),
     }
 
 
@@ -119,18 +115,9 @@ def measure(jobs: int, chunk: int, rounds: int) -> dict[str, list[dict[str, floa
 
 def main() -> int:
     args = parse_args()
-    scratch.setup_django(DATABASE, SHARD)
-    import logging
-
-    from django.core.management import call_command
-
-    logging.getLogger("django.tasks").setLevel(logging.WARNING)  # as the drain benchmark
-    scratch.recreate(DATABASE, SHARD)
-    try:
-        call_command("migrate", verbosity=0)
+    with scratch.migrated(DATABASE, SHARD):
+        logging.getLogger("django.tasks").setLevel(logging.WARNING)  # as the drain benchmark
         results = measure(args.jobs, args.chunk, args.rounds)
-    finally:
-        scratch.drop(DATABASE, SHARD)
     for name, runs in results.items():
         median = statistics.median(r["jobs_per_s"] for r in runs)
         shown = " / ".join(

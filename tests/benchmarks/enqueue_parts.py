@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import logging
 import sys
 import time
 from collections.abc import Callable
@@ -115,18 +116,9 @@ def measure(calls: int, rounds: int) -> dict[str, list[dict[str, float]]]:
 
 def main() -> int:
     args = parse_args()
-    scratch.setup_django(DATABASE, SHARD)
-    import logging
-
-    from django.core.management import call_command
-
-    logging.getLogger("django.tasks").setLevel(logging.WARNING)  # as the drain benchmark
-    scratch.recreate(DATABASE, SHARD)
-    try:
-        call_command("migrate", verbosity=0)
+    with scratch.migrated(DATABASE, SHARD):
+        logging.getLogger("django.tasks").setLevel(logging.WARNING)  # as the drain benchmark
         results = measure(args.calls, args.rounds)
-    finally:
-        scratch.drop(DATABASE, SHARD)
     for name, runs in results.items():
         shown = " / ".join(
             f"{r['calls_per_s']:,.0f}/s {r['wall_us']:.0f} µs (CPU {r['python_cpu_us']:.0f})"

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -58,6 +60,22 @@ def admin_sql(*statements: str) -> None:
 def recreate(*names: str) -> None:
     for name in names:
         admin_sql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)", f"CREATE DATABASE {name}")
+
+
+@contextlib.contextmanager
+def migrated(database: str, shard: str | None = None) -> Iterator[None]:
+    """Django on the suite's settings, on a new scratch database (and shard), migrated;
+    both dropped when the block ends."""
+    setup_django(database, shard)
+    from django.core.management import call_command
+
+    names = (database, shard) if shard else (database,)
+    recreate(*names)
+    try:
+        call_command("migrate", verbosity=0)
+        yield
+    finally:
+        drop(*names)
 
 
 def drop(*names: str) -> None:
