@@ -10,6 +10,7 @@ from django.db import DatabaseError, connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 from django_conveyor import protocol
+from django_conveyor.compat import task_backends
 from django_conveyor.exceptions import ArgumentsNotSerializable
 from django_conveyor.models import Job
 from django_conveyor.worker.connections import connect
@@ -144,8 +145,6 @@ class TestAllOrNothing:
         assert Effect.objects.count() == 1
 
     def test_the_pieces_refuse_a_job_a_key_or_a_dependency_could_change(self):
-        from django.tasks import task_backends
-
         backend = task_backends["default"]
         plain = backend.new_job(tasks.add, (1, 2), {})
         keyed = backend.new_job(tasks.add.using(idempotency_key="k"), (3, 4), {})

@@ -57,9 +57,9 @@ def parse_args() -> argparse.Namespace:
 
 def variants() -> dict[str, Callable[[], None]]:
     from django.db import connection
-    from django.tasks import task_backends
 
     from django_conveyor import protocol
+    from django_conveyor.compat import task_backends
     from tests.testapp.tasks import noop
 
     job = task_backends["default"].new_job(noop, (), {})
