@@ -276,7 +276,7 @@ class ConveyorBackend(BaseTaskBackend):
             )
         calls = list(calls)
         with collector_paused():
-            if len(calls) > protocol.ENQUEUE_PIECE and _plain_calls(task, calls):
+            if len(calls) > protocol.ENQUEUE_PIECE and _calls_without_options(task, calls):
                 written = self._write_in_pieces(task, calls)
             else:
                 written = self._write_calls(task, calls)
@@ -304,9 +304,12 @@ class ConveyorBackend(BaseTaskBackend):
     def _write_in_pieces(
         self, task: Any, calls: list[Any]
     ) -> list[tuple[ConveyorTaskResult, bool]]:
-        """Plain calls (no keys, no dependencies) checked and sent piece by piece in one
-        pipeline (`protocol.enqueue_pieces`), in a transaction (a savepoint inside
-        the caller's): PostgreSQL writes one piece while the next is built."""
+        """Calls without options of a task without dependencies, checked and sent piece
+        by piece in one pipeline, in a transaction (a savepoint inside the
+        caller's): PostgreSQL writes one piece while the next is built. Plain
+        calls go through `protocol.enqueue_pieces`; calls of a unique task that
+        skips its duplicates through `protocol.enqueue_unique_pieces`, which
+        folds them as they come."""
         database = conveyor_settings().database_for(task.queue_name)
         connection = _enqueue_connection(database)
         make = self.job_maker(task)
@@ -321,18 +324,22 @@ class ConveyorBackend(BaseTaskBackend):
                 jobs.extend(piece)
                 yield piece
 
+        unique = getattr(task, "unique", None) is not None
+        send = protocol.enqueue_unique_pieces if unique else protocol.enqueue_pieces
         with transaction.atomic(using=database), connection.wrap_database_errors:
             connection.ensure_connection()
-            enqueued = protocol.enqueue_pieces(
+            enqueued = send(
                 connection.connection,
                 lambda: enqueue_cursor(connection),
                 pieces(),
                 notify=conveyor_settings().NOTIFY,
             )
-        return [
-            (self._created(task, database, job, row), True)
-            for job, row in zip(jobs, enqueued, strict=True)
-        ]
+        if not unique:
+            return [
+                (self._created(task, database, job, row), True)
+                for job, row in zip(jobs, enqueued, strict=True)
+            ]
+        return self._results([task] * len(jobs), database, jobs, enqueued)
 
     def _call(self, task: Any, number: int, call: Any) -> tuple[Any, Any, Any]:
         """One call of enqueue_many(): its arguments, and the task with its options."""
@@ -381,6 +388,16 @@ class ConveyorBackend(BaseTaskBackend):
         connection = _enqueue_connection(database)
         with enqueue_cursor(connection) as cursor:
             enqueued = protocol.enqueue(cursor, jobs, notify=conveyor_settings().NOTIFY)
+        return self._results(tasks, database, jobs, enqueued)
+
+    def _results(
+        self,
+        tasks: Sequence[Any],
+        database: str,
+        jobs: list[protocol.NewJob],
+        enqueued: list[protocol.Enqueued],
+    ) -> list[tuple[ConveyorTaskResult, bool]]:
+        """Each call's result from what ENQUEUE answered, and whether it was created."""
         written = []
         for task, job, row in zip(tasks, jobs, enqueued, strict=True):
             if not row.created:  # A key (idempotency or unique) named an existing job.
@@ -474,11 +491,14 @@ def _enqueue_connection(database: str) -> Any:
     return connection
 
 
-def _plain_calls(task: Any, calls: list[Any]) -> bool:
-    """Calls of `task` that are all plain jobs (`protocol.is_plain`): the task has no
-    unique key and no dependencies, and no call brings options. A call of
-    another shape is not: the one-statement path names what is wrong with it."""
-    if getattr(task, "unique", None) is not None or getattr(task, "depends_on", ()):
+def _calls_without_options(task: Any, calls: list[Any]) -> bool:
+    """Calls of `task` that may go in pieces: the task has no dependencies and
+    its unique key (if any) skips duplicates, and no call brings options, so
+    each call's job is a plain one (`protocol.is_plain`) or one only its unique
+    key can refuse (`protocol.is_skipping`). A call of another shape is not:
+    the one-statement path names what is wrong with it."""
+    unique = getattr(task, "unique", None)
+    if (unique is not None and unique.replaces) or getattr(task, "depends_on", ()):
         return False
     return all(
         isinstance(call, list | tuple) and (len(call) == 2 or (len(call) == 3 and call[2] is None))

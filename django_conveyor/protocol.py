@@ -115,7 +115,7 @@ from __future__ import annotations
 import functools
 import json
 import re
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, NamedTuple, Protocol
@@ -486,7 +486,7 @@ def enqueue(cursor: Cursor, jobs: Sequence[NewJob], *, notify: bool) -> list[Enq
     return ordered
 
 
-# Jobs per ENQUEUE statement of a plain batch sent in a pipeline (enqueue_pieces).
+# Jobs per ENQUEUE statement of a batch sent in a pipeline (enqueue_pieces).
 ENQUEUE_PIECE = 1000
 
 
@@ -494,6 +494,18 @@ def is_plain(job: NewJob) -> bool:
     """No key can refuse this job's row and it waits for no other job: ENQUEUE
     writes it in one pass, whatever else its statement holds."""
     return job.unique is None and job.idempotency_key is None and not job.depends_on
+
+
+def is_skipping(job: NewJob) -> bool:
+    """Only its unique key can refuse this job's row, and a later call of the key
+    changes nothing in it (on_duplicate="skip", no idempotency key, no
+    dependencies): the first call of each key can be written as it comes."""
+    return (
+        job.unique is not None
+        and not job.unique.replace
+        and job.idempotency_key is None
+        and not job.depends_on
+    )
 
 
 def enqueue_pieces(
@@ -511,16 +523,89 @@ def enqueue_pieces(
     holds the transaction that makes the pieces all or nothing; an exception
     from `pieces` or from a statement leaves the pipeline and rolls that back.
     """
+
+    def rows() -> Iterator[list[tuple[Any, ...]]]:
+        for piece in pieces:
+            if not all(map(is_plain, piece)):  # Its rows would skip their keys or edges.
+                raise ValueError("enqueue_pieces() takes plain jobs only (is_plain).")
+            if piece:
+                yield [_row(job, job, 0) for job in piece]
+
+    return [
+        Enqueued(r[0], r[2], r[3], created=True, state=r[4])
+        for written in _pipelined(connection, new_cursor, rows(), notify)
+        for r in written
+    ]
+
+
+def enqueue_unique_pieces(
+    connection: Any,
+    new_cursor: Callable[[], Any],
+    pieces: Iterable[Sequence[NewJob]],
+    *,
+    notify: bool,
+) -> list[Enqueued]:
+    """`enqueue()` for unique jobs that skip their duplicates (`is_skipping`), with
+    the first call of each key written piece by piece as `enqueue_pieces` writes.
+
+    The calls are folded as they come: a call whose key an earlier call of the
+    batch has joins that call's entry, as `unique.fold` would put it (without
+    idempotency keys or replacers, each key has one entry, in the first
+    round). An entry whose row a key in the table refused goes on, after the
+    pipeline, through the passes of `enqueue()` (read, insert again if the
+    holder has left its states); each call is answered as `enqueue()` answers.
+    """
+    jobs: list[NewJob] = []
+    by_key: dict[str, Entry] = {}
+    sent: list[list[Entry]] = []  # The new entries of each statement sent.
+
+    def rows() -> Iterator[list[tuple[Any, ...]]]:
+        for piece in pieces:
+            if not all(map(is_skipping, piece)):  # Its later calls could change the row.
+                raise ValueError("enqueue_unique_pieces() takes skipping unique jobs only.")
+            new = []
+            for job in piece:
+                index, key = len(jobs), job.unique.key  # type: ignore[union-attr]  # is_skipping
+                jobs.append(job)
+                entry = by_key.get(key)
+                if entry is None:
+                    entry = by_key[key] = Entry(index, [index], [])
+                    new.append(entry)
+                else:
+                    entry.members.append(index)
+            if new:
+                sent.append(new)
+                yield [_row(jobs[entry.first], jobs[entry.first], 0) for entry in new]
+
+    written = _pipelined(connection, new_cursor, rows(), notify)
+    tried: dict[Entry, _Outcome | None] = {}
+    for entries, inserted in zip(sent, written, strict=True):
+        tried.update(_insert_outcomes(jobs, entries, inserted))
+    pending = [0] * len(jobs)
+    results: dict[int, Enqueued] = {}
+    with new_cursor() as cursor:
+        outcomes = _resolve(cursor, jobs, pending, list(by_key.values()), notify, tried=tried)
+    for entry, outcome in outcomes.items():
+        _answer(jobs, entry, outcome, results)
+    return [results[i] for i in range(len(jobs))]
+
+
+def _pipelined(
+    connection: Any,
+    new_cursor: Callable[[], Any],
+    pieces: Iterable[list[tuple[Any, ...]]],
+    notify: bool,
+) -> list[list[tuple[Any, ...]]]:
+    """One ENQUEUE per piece of rows, each sent as soon as it is built, in one
+    pipeline; what each returned, in order."""
     sent: list[Any] = []
     try:
         with connection.pipeline():
-            for piece in pieces:
-                if not all(map(is_plain, piece)):  # Its rows would skip their keys or edges.
-                    raise ValueError("enqueue_pieces() takes plain jobs only (is_plain).")
+            for rows in pieces:
                 cursor = new_cursor()
                 sent.append(cursor)
-                _execute_enqueue(cursor, [_row(job, job, 0) for job in piece], notify)
-        return [row for cursor in sent for row in _inserted(cursor)]
+                _execute_enqueue(cursor, rows, notify)
+        return [cursor.fetchall() for cursor in sent]
     finally:
         for cursor in sent:
             cursor.close()
@@ -540,15 +625,24 @@ class _Outcome(NamedTuple):
 
 
 def _resolve(
-    cursor: Cursor, jobs: Sequence[NewJob], pending: list[int], entries: list[Entry], notify: bool
+    cursor: Cursor,
+    jobs: Sequence[NewJob],
+    pending: list[int],
+    entries: list[Entry],
+    notify: bool,
+    *,
+    tried: dict[Entry, _Outcome | None] | None = None,
 ) -> dict[Entry, _Outcome]:
     """Take one round's entries through ENQUEUE, ENQUEUE_REPLACE and the read of
-    ENQUEUED_JOBS, pass after pass, until each has an outcome."""
+    ENQUEUED_JOBS, pass after pass, until each has an outcome. `tried`: the
+    first pass's ENQUEUE ran already (enqueue_unique_pieces), with these outcomes."""
     outcomes: dict[Entry, _Outcome] = {}
     to_insert, to_replace = list(entries), []
     for _ in range(MAX_ENQUEUE_PASSES):
         to_read: list[Entry] = []
-        for entry, outcome in _insert(cursor, jobs, pending, to_insert, notify).items():
+        if tried is None:
+            tried = _insert(cursor, jobs, pending, to_insert, notify)
+        for entry, outcome in tried.items():
             if outcome is not None:
                 outcomes[entry] = outcome
             elif jobs[entry.first].idempotency_key is None and entry.replacers:
@@ -558,7 +652,7 @@ def _resolve(
         replaced = enqueue_replace(cursor, jobs, to_replace, notify)
         outcomes.update(replaced)
         to_read += [entry for entry in to_replace if entry not in replaced]
-        to_insert, to_replace = [], []
+        to_insert, to_replace, tried = [], [], None
         for entry, (by_idempotency_key, row) in _read(cursor, jobs, to_read).items():
             if row is None:
                 to_insert.append(entry)  # The holder left its states: the key is free.
@@ -591,7 +685,13 @@ def _insert(
         replaced = len([i for i in entry.replacers if i != entry.first])
         rows.append(_row(job, source, pending[entry.first], replaced))
     _execute_enqueue(cursor, rows, notify)
-    inserted = cursor.fetchall()
+    return _insert_outcomes(jobs, entries, cursor.fetchall())
+
+
+def _insert_outcomes(
+    jobs: Sequence[NewJob], entries: list[Entry], inserted: list[tuple[Any, ...]]
+) -> dict[Entry, _Outcome | None]:
+    """What ENQUEUE's rows, sent for `entries` in their order, made of each entry."""
     # By their keys (one entry per key in a round), the others in order.
     by_key = {(row[1], row[5]): row for row in inserted if row[1] or row[5]}
     unkeyed = iter([row for row in inserted if not (row[1] or row[5])])
