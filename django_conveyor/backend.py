@@ -334,11 +334,6 @@ class ConveyorBackend(BaseTaskBackend):
                 pieces(),
                 notify=conveyor_settings().NOTIFY,
             )
-        if not unique:
-            return [
-                (self._created(task, database, job, row), True)
-                for job, row in zip(jobs, enqueued, strict=True)
-            ]
         return self._results([task] * len(jobs), database, jobs, enqueued)
 
     def _call(self, task: Any, number: int, call: Any) -> tuple[Any, Any, Any]:

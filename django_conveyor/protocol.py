@@ -475,7 +475,7 @@ def enqueue(cursor: Cursor, jobs: Sequence[NewJob], *, notify: bool) -> list[Enq
         # No key can refuse a row: one statement, each call its own job, as ever.
         rows = [_row(job, job, pending[i]) for i, job in enumerate(jobs)]
         _execute_enqueue(cursor, rows, notify)
-        ordered = _inserted(cursor)
+        ordered = _inserted(cursor.fetchall())
     else:
         results: dict[int, Enqueued] = {}
         for entries in fold([(job.idempotency_key, job.unique) for job in jobs]):
@@ -531,11 +531,8 @@ def enqueue_pieces(
             if piece:
                 yield [_row(job, job, 0) for job in piece]
 
-    return [
-        Enqueued(r[0], r[2], r[3], created=True, state=r[4])
-        for written in _pipelined(connection, new_cursor, rows(), notify)
-        for r in written
-    ]
+    written = _pipelined(connection, new_cursor, rows(), notify)
+    return _inserted([row for piece in written for row in piece])
 
 
 def enqueue_unique_pieces(
@@ -611,9 +608,10 @@ def _pipelined(
             cursor.close()
 
 
-def _inserted(cursor: Cursor) -> list[Enqueued]:
-    """The jobs an ENQUEUE whose rows no key could refuse inserted, in their order."""
-    return [Enqueued(r[0], r[2], r[3], created=True, state=r[4]) for r in cursor.fetchall()]
+def _inserted(rows: list[tuple[Any, ...]]) -> list[Enqueued]:
+    """The jobs an ENQUEUE whose rows no key could refuse inserted, from the rows it
+    returned, in their order."""
+    return [Enqueued(r[0], r[2], r[3], created=True, state=r[4]) for r in rows]
 
 
 class _Outcome(NamedTuple):

@@ -44,6 +44,16 @@ def wait_until(predicate: Callable[[], Any], timeout: float = 20.0, interval: fl
     return value
 
 
+def waiting_backends() -> int:
+    """Backends of the test database that wait for a lock held by another transaction."""
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+        )
+        return cur.fetchone()[0]
+
+
 def run_burst(**options: Any) -> Worker:
     """Run an in-process worker until nothing is ready; returns it for its stats."""
     options.setdefault("queues", ("default", "emails", "slow"))

@@ -20,7 +20,7 @@ from django_conveyor.exceptions import ArgumentsNotSerializable
 from django_conveyor.models import Job
 from django_conveyor.signals import task_enqueue_replayed
 from django_conveyor.worker.connections import connect
-from tests.helpers import direct_dsn, wait_until
+from tests.helpers import direct_dsn, wait_until, waiting_backends
 from tests.testapp import tasks
 from tests.testapp.models import Effect
 
@@ -301,7 +301,7 @@ class TestUniqueInPieces:
         one.start()
         assert inserted.wait(timeout=30)
         two.start()
-        wait_until(lambda: "second" in outcome or waiting_for_a_lock() >= 1)
+        wait_until(lambda: "second" in outcome or waiting_backends() >= 1)
         assert "second" not in outcome  # It waits for the first transaction's keys.
         release.set()
         one.join(timeout=60)
@@ -311,12 +311,3 @@ class TestUniqueInPieces:
         assert [r.id for r in second[:CALLS]] == first_ids
         assert [r.created for r in second] == [False] * CALLS + [True] * 100
         assert Job.objects.count() == CALLS + 100
-
-
-def waiting_for_a_lock() -> int:
-    with connection.cursor() as cur:
-        cur.execute(
-            "SELECT count(*) FROM pg_stat_activity "
-            "WHERE datname = current_database() AND wait_event_type = 'Lock'"
-        )
-        return cur.fetchone()[0]

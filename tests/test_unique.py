@@ -23,7 +23,7 @@ from django_conveyor.serialization import loaded
 from django_conveyor.tasks import task
 from django_conveyor.unique import OPTIONAL_STATES, PARTS, unique_call
 from django_conveyor.worker.connections import connect
-from tests.helpers import direct_dsn, run_burst, wait_until
+from tests.helpers import direct_dsn, run_burst, wait_until, waiting_backends
 from tests.testapp import tasks
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -68,16 +68,6 @@ def keyed(key: str) -> list[Job]:
 
 def claim_all(cur) -> list[protocol.Lease]:
     return protocol.claim(cur, owner="w1", queues=["default"], limit=100, lease_seconds=30)
-
-
-def waiting_backends() -> int:
-    """Backends of the test database that wait for a lock held by another transaction."""
-    with connection.cursor() as cur:
-        cur.execute(
-            "SELECT count(*) FROM pg_stat_activity "
-            "WHERE datname = current_database() AND wait_event_type = 'Lock'"
-        )
-        return cur.fetchone()[0]
 
 
 def run_in_threads(target, count: int) -> None:
